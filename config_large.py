@@ -1,0 +1,27 @@
+"""Large model of Zaremba et al. 2014 (regularized LSTM, PTB test perplexity 78.4).
+
+`batch_size` is the GLOBAL batch: with N Horovod workers each one trains on
+batch_size / N rows, so the update per step is the single-process update and
+the learning rate is NOT scaled with the number of workers.
+"""
+
+init_scale = 0.04
+learning_rate = 1.0
+max_grad_norm = 10
+num_layers = 2
+num_steps = 35
+hidden_size = 1500
+max_epoch = 14
+num_epochs = 55
+keep_prob = 0.35
+lr_decay = 1 / 1.15
+batch_size = 20
+
+# Smoke runs and benchmarks: None = the full epoch / the whole valid and test sets.
+steps_per_epoch = None
+eval_steps = None
+# Valid and test are read as eval_batch_size streams cut into eval_num_steps windows, the LSTM
+# state carried across windows. Batch 1 scores every token with its whole left context, as the
+# TF tutorial's 1 x 1 test layout does, in 35 times fewer steps.
+eval_batch_size = 1
+eval_num_steps = 35

@@ -1,0 +1,27 @@
+"""Small model of Zaremba et al. 2014 (non-regularized LSTM, PTB test perplexity ~115).
+
+`batch_size` is the GLOBAL batch: with N Horovod workers each one trains on
+batch_size / N rows, so the update per step is the single-process update and
+the learning rate is NOT scaled with the number of workers.
+"""
+
+init_scale = 0.1
+learning_rate = 1.0
+max_grad_norm = 5
+num_layers = 2
+num_steps = 20
+hidden_size = 200
+max_epoch = 4
+num_epochs = 13
+keep_prob = 1.0
+lr_decay = 0.5
+batch_size = 20
+
+# Smoke runs and benchmarks: None = the full epoch / the whole valid and test sets.
+steps_per_epoch = None
+eval_steps = None
+# Valid and test are read as eval_batch_size streams cut into eval_num_steps windows, the LSTM
+# state carried across windows. Batch 1 scores every token with its whole left context, as the
+# TF tutorial's 1 x 1 test layout does, in 35 times fewer steps.
+eval_batch_size = 1
+eval_num_steps = 35

@@ -1,0 +1,1 @@
+"""PTB data: download, vocabulary, batches, shards. Imports neither TensorFlow nor Horovod."""

@@ -1,0 +1,252 @@
+"""Penn Treebank (word level): download, vocabulary, token ids, batch windows, shards.
+
+Nothing here imports TensorFlow or Horovod: sharding takes `rank` and `size` as plain
+arguments, so every function can be tested alone on tiny hand-made inputs.
+"""
+import collections
+import hashlib
+import os
+import tarfile
+import tempfile
+import time
+
+import numpy as np
+
+URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
+ARCHIVE_DIR = "simple-examples/data/"
+MD5 = {
+    "ptb.train.txt": "f26c4b92c5fdc7b3f8c7cdcb991d8420",
+    "ptb.valid.txt": "aa0affc06ff7c36e977d7cd49e3839bf",
+    "ptb.test.txt": "8b80168b89c18661a38ef683c0dc3721",
+}
+FILES = tuple(MD5)
+EOS = "<eos>"
+UNK = "<unk>"
+
+
+class DataError(Exception):
+    """Bad or missing data; the message says what is wrong and how to fix it."""
+
+
+Corpus = collections.namedtuple("Corpus", "train valid test vocab")
+
+
+# --- download -------------------------------------------------------------------------------
+
+def missing_files(data_path):
+    return [f for f in FILES if not os.path.isfile(os.path.join(data_path, f))]
+
+
+def ensure_data(data_path, url=None, timeout=30, retries=3, backoff=2.0, md5=MD5):
+    """Make sure the three PTB files are in `data_path`, downloading them if needed.
+
+    `url` defaults to $PTB_URL (a mirror) or the canonical address.
+    """
+    if not missing_files(data_path):
+        return
+    url = url or os.environ.get("PTB_URL") or URL
+    how_to = (f"place {', '.join(FILES)} in {data_path} by hand (from {ARCHIVE_DIR} in the "
+              f"archive), or point --data_path / PTB_DATA_PATH at a copy")
+    try:
+        os.makedirs(data_path, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create data folder {data_path}: {e.strerror}; {how_to}") from None
+    with tempfile.TemporaryFile(dir=data_path) as archive:
+        _fetch(url, archive, timeout, retries, backoff, how_to)
+        archive.seek(0)
+        _extract(archive, data_path, md5, url)
+
+
+def _fetch(url, out, timeout, retries, backoff, how_to):
+    """Stream `url` into the open file `out`, with bounded retries."""
+    import requests  # only needed when downloading
+    last = None
+    for attempt in range(retries):
+        if attempt:
+            time.sleep(backoff * attempt)
+        out.seek(0)
+        out.truncate()
+        try:
+            with requests.get(url, stream=True, timeout=timeout) as r:
+                r.raise_for_status()
+                for chunk in r.iter_content(chunk_size=1 << 20):
+                    out.write(chunk)
+            return
+        except requests.RequestException as e:
+            last = e
+    raise DataError(f"download of {url} failed after {retries} tries ({type(last).__name__}); "
+                    f"{how_to}")
+
+
+def _extract(archive, data_path, md5, url):
+    """Extract only the three word-level files, md5-checked, each via a temp name."""
+    try:
+        tar = tarfile.open(fileobj=archive, mode="r:*")
+        members = tar.getmembers()
+    except tarfile.TarError as e:
+        raise DataError(f"{url} is not a valid tar archive ({e}); download it again") from None
+    for m in members:
+        if not _is_safe_member(m):
+            raise DataError(f"refusing archive {url}: member {m.name!r} is a link or points outside "
+                            "the target folder")
+    by_name = {m.name: m for m in members}
+    written = []
+    try:
+        for name in FILES:
+            member = by_name.get(ARCHIVE_DIR + name)
+            if member is None:
+                raise DataError(f"{url} has no {ARCHIVE_DIR + name}; is it simple-examples.tgz?")
+            content = tar.extractfile(member).read()
+            got = hashlib.md5(content).hexdigest()
+            if got != md5[name]:
+                raise DataError(f"{name} from {url} has md5 {got}, expected {md5[name]}: corrupt "
+                                "or wrong download; nothing was kept")
+            written.append(_write_via_temp(data_path, name, content))
+        for tmp, final in written:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in written:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def _is_safe_member(m):
+    name = m.name
+    parts = name.replace("\\", "/").split("/")
+    return ((m.isfile() or m.isdir()) and not os.path.isabs(name) and ".." not in parts)
+
+
+def _write_via_temp(folder, name, content):
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
+    with os.fdopen(fd, "wb") as f:
+        f.write(content)
+    return tmp, os.path.join(folder, name)
+
+
+def md5_of(path):
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- vocabulary and ids ---------------------------------------------------------------------
+
+def read_words(path):
+    """Words of a file, with <eos> at each line end."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (bad byte at offset {e.start}); "
+                        "re-encode it as UTF-8") from None
+    words = []
+    for line in text.splitlines():
+        words.extend(line.split())
+        words.append(EOS)
+    return words
+
+
+def build_vocab(words):
+    """word -> id, most frequent first, ties broken alphabetically."""
+    counts = collections.Counter(words)
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {w: i for i, (w, _) in enumerate(ordered)}
+
+
+def to_ids(words, vocab, path="data"):
+    unk = vocab.get(UNK)
+    ids = np.empty(len(words), dtype=np.int32)
+    for i, w in enumerate(words):
+        wid = vocab.get(w, unk)
+        if wid is None:
+            raise DataError(f"{path}: word {w!r} is not in the training vocabulary and there is "
+                            f"no {UNK} token; map rare words to {UNK}")
+        ids[i] = wid
+    return ids
+
+
+def load_corpus(data_path):
+    """Token ids of train/valid/test and the vocabulary built from train."""
+    paths = [os.path.join(data_path, f) for f in FILES]
+    train_words = read_words(paths[0])
+    if not train_words:
+        raise DataError(f"{paths[0]} is empty; replace it with the real PTB training file")
+    vocab = build_vocab(train_words)
+    splits = [to_ids(train_words, vocab, paths[0])]
+    for p in paths[1:]:
+        words = read_words(p)
+        if not words:
+            raise DataError(f"{p} is empty; replace it with the real PTB file")
+        splits.append(to_ids(words, vocab, p))
+    return Corpus(*splits, vocab)
+
+
+# --- batches and shards ---------------------------------------------------------------------
+
+def windows(ids, batch_size, num_steps, name="data"):
+    """Cut a token stream into the classic [steps, batch, num_steps] inputs and targets.
+
+    The stream is laid out as `batch_size` parallel rows of length L = len // batch_size;
+    window k of row b holds tokens [k*num_steps, (k+1)*num_steps) of that row, and the
+    targets are the same tokens shifted by one. Consecutive windows of a row continue
+    each other, which is what lets the LSTM state carry from one step to the next.
+    """
+    ids = np.asarray(ids, dtype=np.int32)
+    row_len = len(ids) // batch_size
+    n = (row_len - 1) // num_steps if row_len else 0
+    if n < 1:
+        raise DataError(f"{name} has {len(ids)} tokens: too short for one window of "
+                        f"batch_size={batch_size} x num_steps={num_steps} (needs at least "
+                        f"{batch_size * (num_steps + 1)}); lower them with --set or use more data")
+    rows = ids[:row_len * batch_size].reshape(batch_size, row_len)
+    cut = n * num_steps
+    x = rows[:, :cut].reshape(batch_size, n, num_steps).transpose(1, 0, 2)
+    y = rows[:, 1:cut + 1].reshape(batch_size, n, num_steps).transpose(1, 0, 2)
+    return np.ascontiguousarray(x), np.ascontiguousarray(y)
+
+
+def check_shardable(batch_size, size):
+    if size > batch_size:
+        raise DataError(f"{size} workers but batch_size={batch_size}: more workers than batch rows; "
+                        f"use at most {batch_size} workers or raise batch_size")
+    if batch_size % size:
+        raise DataError(f"batch_size={batch_size} is not divisible by {size} workers; use a worker "
+                        f"count that divides it or --set batch_size=<multiple of {size}>")
+
+
+def shard(batch, rank, size):
+    """Rows [rank*B/N, (rank+1)*B/N) of a [steps, B, ...] array: the same steps on every rank."""
+    batch_size = batch.shape[1]
+    check_shardable(batch_size, size)
+    per_rank = batch_size // size
+    return batch[:, rank * per_rank:(rank + 1) * per_rank]
+
+
+def main(argv=None):
+    """`python -m data.ptb --data_path DIR`: download if missing, then check the md5s."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--data_path", required=True)
+    args = p.parse_args(argv)
+    try:
+        ensure_data(args.data_path)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ok = True
+    for name in FILES:
+        got = md5_of(os.path.join(args.data_path, name))
+        ok &= got == MD5[name]
+        print(f"{name}: md5 {got} {'ok' if got == MD5[name] else 'MISMATCH, expected ' + MD5[name]}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

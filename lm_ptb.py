@@ -1,0 +1,61 @@
+"""Train the PTB word-level LSTM language model (Zaremba et al. 2014) in one process.
+
+One process, all cores:
+    python lm_ptb.py --config config_small --data_path ../shared/data/ptb
+Smoke run (one short epoch):
+    python lm_ptb.py --config config_small --set num_epochs=1 --set steps_per_epoch=200
+
+N local workers or two hosts: lm_ptb_distributed.py, which is this file plus Horovod.
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
+
+from data import ptb
+from utils import config, logs
+from utils.checkpoints import Checkpoints
+from utils.model import build_model
+from utils import training
+
+
+def main(argv=None):
+    args = config.parse_args(argv, __doc__)
+    cfg = config.load_config(args.config, args.set)
+    training.set_threads(args.threads or training.available_cores())
+    is_chief = True
+    log = logs.RunLog(args.output_dir, args.config, cfg, world_size=1, enabled=is_chief,
+                      baseline=args.baseline)
+    training.seed_everything(args.seed)
+
+    ptb.ensure_data(args.data_path)
+    corpus = ptb.load_corpus(args.data_path)
+    train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
+    log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
+             f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
+
+    model = build_model(cfg, len(corpus.vocab))
+    optimizer = training.make_optimizer(cfg)
+    train_step = training.make_train_step(model, optimizer)
+    eval_step = training.make_eval_step(model)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer)
+    start_epoch = checkpoints.restore_latest() if args.resume and is_chief else 0
+
+    stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+    for epoch in range(start_epoch, cfg["num_epochs"]):
+        lr = training.learning_rate(cfg, epoch)
+        optimizer.learning_rate.assign(lr)
+        stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log)
+        step += stats["steps"]
+        if is_chief:
+            valid_ppl = training.evaluate(eval_step, model, corpus.valid, cfg, "valid")
+            log.epoch(epoch, step, lr, stats, valid_ppl)
+            checkpoints.save(epoch + 1)
+    if is_chief:
+        test_ppl = training.evaluate(eval_step, model, corpus.test, cfg, "test")
+        log.test(cfg["num_epochs"] - 1, step, training.learning_rate(cfg, cfg["num_epochs"] - 1),
+                 stats, test_ppl)
+
+
+if __name__ == "__main__":
+    sys.exit(logs.run_main(main))

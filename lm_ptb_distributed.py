@@ -1,0 +1,119 @@
+"""Train the PTB word-level LSTM language model data-parallel with Horovod.
+
+This is lm_ptb.py plus Horovod: `diff lm_ptb.py lm_ptb_distributed.py` shows only the
+distribution, each line tagged `# Horovod N:` after the numbered steps in README.md.
+`batch_size` is the global batch: N workers train on batch_size / N rows each.
+
+One process (same as lm_ptb.py):
+    python lm_ptb_distributed.py --config config_small
+N workers on one host (GPUs, or CPU cores shared among the ranks):
+    mpirun -np 2 python lm_ptb_distributed.py --config config_small
+    horovodrun -np 2 -H localhost:2 python lm_ptb_distributed.py --config config_small
+Two hosts, one worker each (see README for every flag; add --allow-run-as-root as root):
+    mpirun -np 2 -H a:1,b:1 -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH \
+        -mca pml ob1 -mca btl tcp,self -mca btl_tcp_if_include eth0 \
+        python lm_ptb_distributed.py --config config_small
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from data import ptb
+from utils import config, logs
+from utils.checkpoints import Checkpoints
+from utils.model import build_model
+from utils import training
+
+
+def pin_to_local_rank(threads):
+    """Horovod 2: one GPU per local rank; on CPU hosts, the cores split among local ranks."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    training.set_threads(threads or max(1, training.available_cores() // hvd.local_size()))
+
+
+def check_same_config(cfg):
+    """Horovod 7: a --set given on one host only would silently train two different models."""
+    hashes = hvd.allgather_object(config.config_hash(cfg))
+    if len(set(hashes)) > 1:
+        raise config.ConfigError(f"ranks started with different configs (hash per rank: "
+                                 f"{', '.join(hashes)}); give every rank the same --config and --set")
+
+
+def download_on_chief(data_path):
+    """Horovod 6: rank 0 downloads; the others wait, then all share its outcome."""
+    error = None
+    if hvd.rank() == 0:
+        try:
+            ptb.ensure_data(data_path)
+        except ptb.DataError as e:
+            error = str(e)
+    error = hvd.broadcast_object(error, root_rank=0)
+    if error is None and ptb.missing_files(data_path):
+        error = (f"rank {hvd.rank()} finds no PTB files in {data_path} (rank 0 has them): without a "
+                 "shared filesystem, copy them to every host or point --data_path at a shared folder")
+    if error:
+        raise ptb.DataError(error)
+
+
+def average_over_ranks(value):
+    """Horovod 8: train perplexity of the global batch, not of rank 0's shard."""
+    return hvd.allreduce(value, op=hvd.Average)
+
+
+def main(argv=None):
+    args = config.parse_args(argv, __doc__)
+    hvd.init()  # Horovod 1: start the ranks' background communication
+    pin_to_local_rank(args.threads)  # Horovod 2
+    cfg = config.load_config(args.config, args.set)
+    ptb.check_shardable(cfg["batch_size"], hvd.size())  # Horovod 5: every rank fails before any collective
+    check_same_config(cfg)  # Horovod 7
+    is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
+    log = logs.RunLog(args.output_dir, args.config, cfg, world_size=hvd.size(), enabled=is_chief,
+                      baseline=args.baseline)
+    training.seed_everything(args.seed + hvd.rank())  # Horovod 4: own dropout masks; weights come from rank 0
+
+    download_on_chief(args.data_path)  # Horovod 6
+    corpus = ptb.load_corpus(args.data_path)
+    train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
+    train_x = ptb.shard(train_x, hvd.rank(), hvd.size())  # Horovod 5: rows of the global batch
+    train_y = ptb.shard(train_y, hvd.rank(), hvd.size())  # Horovod 5
+    log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
+             f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
+
+    model = build_model(cfg, len(corpus.vocab))
+    optimizer = training.make_optimizer(cfg)
+    optimizer = hvd.DistributedOptimizer(optimizer)  # Horovod 3: average gradients, then clip
+    train_step = training.make_train_step(model, optimizer)
+    eval_step = training.make_eval_step(model)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer)
+    start_epoch = checkpoints.restore_latest() if args.resume and is_chief else 0
+    start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)  # Horovod 4: resume together
+    hvd.broadcast_variables(model.variables + [optimizer.iterations], root_rank=0)  # Horovod 4
+
+    stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+    for epoch in range(start_epoch, cfg["num_epochs"]):
+        lr = training.learning_rate(cfg, epoch)
+        optimizer.learning_rate.assign(lr)
+        stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                     average=average_over_ranks)  # Horovod 8
+        step += stats["steps"]
+        if is_chief:
+            valid_ppl = training.evaluate(eval_step, model, corpus.valid, cfg, "valid")
+            log.epoch(epoch, step, lr, stats, valid_ppl)
+            checkpoints.save(epoch + 1)
+    if is_chief:
+        test_ppl = training.evaluate(eval_step, model, corpus.test, cfg, "test")
+        log.test(cfg["num_epochs"] - 1, step, training.learning_rate(cfg, cfg["num_epochs"] - 1),
+                 stats, test_ppl)
+
+
+if __name__ == "__main__":
+    sys.exit(logs.run_main(main))

@@ -1,0 +1,1 @@
+"""Everything the two trainers share that is not about distribution."""

@@ -1,0 +1,134 @@
+"""Command line and configs: the flags both trainers share, config modules, `--set`."""
+import argparse
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_DATA_PATH = os.environ.get("PTB_DATA_PATH", os.path.join(REPO, "data", "ptb"))
+
+# key -> (accepted types, may be None)
+SCHEMA = {
+    "init_scale": ((float, int), False),
+    "learning_rate": ((float, int), False),
+    "max_grad_norm": ((float, int), False),
+    "num_layers": ((int,), False),
+    "num_steps": ((int,), False),
+    "hidden_size": ((int,), False),
+    "max_epoch": ((int,), False),
+    "num_epochs": ((int,), False),
+    "keep_prob": ((float, int), False),
+    "lr_decay": ((float, int), False),
+    "batch_size": ((int,), False),
+    "steps_per_epoch": ((int,), True),
+    "eval_steps": ((int,), True),
+    "eval_batch_size": ((int,), False),
+    "eval_num_steps": ((int,), False),
+}
+POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
+            "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
+            "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps"}
+
+
+class ConfigError(Exception):
+    """Bad flags or config; the message says what is wrong and how to fix it."""
+
+
+def parse_args(argv=None, description=None):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", default="config_small",
+                   help="config module name (config_small) or path to a .py file")
+    p.add_argument("--data_path", default=DEFAULT_DATA_PATH,
+                   help="folder with ptb.{train,valid,test}.txt; downloaded there if missing "
+                        "(default: $PTB_DATA_PATH or data/ptb)")
+    p.add_argument("--output_dir", default="runs/latest",
+                   help="metrics.jsonl and checkpoints go here")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key with a Python literal; repeatable")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --output_dir")
+    p.add_argument("--threads", type=int, default=0,
+                   help="TensorFlow threads per process (default: all cores, shared among "
+                        "the workers of a host)")
+    p.add_argument("--baseline", default=None, metavar="METRICS_JSONL",
+                   help="metrics.jsonl of a single-process run, for time-per-epoch comparison")
+    return p.parse_args(argv)
+
+
+def load_config(name_or_path, overrides=()):
+    """The config as a dict, validated, with `--set KEY=VALUE` overrides applied."""
+    module = _import_config(name_or_path)
+    cfg = {k: v for k, v in vars(module).items()
+           if not k.startswith("_") and not callable(v) and not isinstance(v, type(sys))}
+    unknown = sorted(set(cfg) - set(SCHEMA))
+    missing = sorted(set(SCHEMA) - set(cfg))
+    if unknown:
+        raise ConfigError(f"config {name_or_path} has unknown key(s) {', '.join(unknown)}; "
+                          f"valid keys: {', '.join(SCHEMA)}")
+    if missing:
+        raise ConfigError(f"config {name_or_path} lacks key(s) {', '.join(missing)}; "
+                          "copy them from config_small.py")
+    for key, value in cfg.items():
+        _check_value(key, value, f"config {name_or_path}")
+    for item in overrides:
+        key, value = _parse_override(item)
+        cfg[key] = value
+    return cfg
+
+
+def _import_config(name_or_path):
+    if name_or_path.endswith(".py") or os.sep in name_or_path:
+        path = os.path.abspath(name_or_path)
+    else:
+        path = os.path.join(REPO, name_or_path + ".py")
+    if not os.path.isfile(path):
+        choices = sorted(f[:-3] for f in os.listdir(REPO) if f.startswith("config_"))
+        raise ConfigError(f"unknown config {name_or_path!r}; use one of {', '.join(choices)} "
+                          "or a path to a .py file")
+    spec = importlib.util.spec_from_file_location("_ptb_config", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a user's config file: report any failure in one line
+        raise ConfigError(f"config {path} fails to load ({type(e).__name__}: {e}); fix the file") \
+            from None
+    return module
+
+
+def _parse_override(item):
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep:
+        raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set num_epochs=1")
+    if key not in SCHEMA:
+        raise ConfigError(f"--set: unknown key {key!r}; valid keys: {', '.join(SCHEMA)}")
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        raise ConfigError(f"--set {key}: cannot parse {text!r} as a Python literal; "
+                          f"e.g. --set {key}=1 (strings need quotes)") from None
+    _check_value(key, value, "--set")
+    return key, value
+
+
+def _check_value(key, value, where):
+    types, nullable = SCHEMA[key]
+    names = " or ".join(t.__name__ for t in types) + (" or None" if nullable else "")
+    if value is None and nullable:
+        return
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ConfigError(f"{where}: {key} must be {names}, got {value!r}; "
+                          f"valid keys: {', '.join(SCHEMA)}")
+    if key in POSITIVE and value <= 0:
+        raise ConfigError(f"{where}: {key} must be > 0, got {value!r}")
+    if key == "keep_prob" and value > 1:
+        raise ConfigError(f"{where}: keep_prob must be in (0, 1], got {value!r}")
+
+
+def config_hash(cfg):
+    """Stable digest of the resolved config, to check that all ranks agree."""
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,108 @@
+"""One greppable log format for both trainers, metrics.jsonl, and the error exit."""
+import json
+import os
+import statistics
+import sys
+import time
+
+from utils.config import ConfigError
+
+PREFIX = "[ptb]"
+
+
+def format_duration(seconds):
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def load_baseline(path):
+    """epoch -> epoch_time_s from a single-process run's metrics.jsonl."""
+    try:
+        with open(path) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--baseline {path}: cannot read it ({e}); pass the metrics.jsonl "
+                          "of an lm_ptb.py run") from None
+    times = {e["epoch"]: e["epoch_time_s"] for e in events if e.get("event") == "epoch"}
+    if not times:
+        raise ConfigError(f"--baseline {path} has no epoch events; let the lm_ptb.py run "
+                          "finish at least one epoch")
+    return times
+
+
+class RunLog:
+    """Progress lines on stdout and events in <output_dir>/metrics.jsonl (chief only)."""
+
+    def __init__(self, output_dir, config_name, cfg, world_size, enabled=True, baseline=None):
+        self.enabled = enabled
+        self.world_size = world_size
+        self.config = dict(cfg, name=config_name)
+        self.num_epochs = cfg["num_epochs"]
+        self.baseline = load_baseline(baseline) if baseline else None
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        if enabled:
+            self._check_writable(output_dir)
+
+    def _check_writable(self, output_dir):
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+            with open(self.path, "a"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"--output_dir {output_dir} is not writable ({e.strerror}); "
+                              "choose another folder") from None
+
+    def _write(self, line, **event):
+        if not self.enabled:
+            return
+        print(f"{PREFIX} {line}", flush=True)
+        event.update(world_size=self.world_size, config=self.config, time=time.time())
+        with open(self.path, "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+    def info(self, line):
+        if self.enabled:
+            print(f"{PREFIX} {line}", flush=True)
+
+    def progress(self, epoch, step, steps, lr, train_ppl, wps, eta_s):
+        self._write(f"epoch {epoch + 1}/{self.num_epochs} | step {step}/{steps} | lr {lr:.4g} | "
+                    f"train ppl {train_ppl:.2f} | {wps:.0f} wps | eta {format_duration(eta_s)}",
+                    event="progress", epoch=epoch + 1, step=step, lr=lr, train_ppl=train_ppl,
+                    wps=wps)
+
+    def epoch(self, epoch, step, lr, stats, valid_ppl):
+        t = stats["epoch_time_s"]
+        timing = f"time {t:.1f} s"
+        if self.baseline:
+            base = self.baseline.get(epoch + 1, statistics.median(self.baseline.values()))
+            timing += f" (single-process {base:.1f} s, speedup {base / t:.2f}×)"
+        self._write(f"epoch {epoch + 1}/{self.num_epochs} done | lr {lr:.4g} | "
+                    f"train ppl {stats['train_ppl']:.2f} | valid ppl {valid_ppl:.2f} | {timing} | "
+                    f"{stats['wps']:.0f} wps | computing {100 * stats['compute_share']:.0f}%",
+                    event="epoch", epoch=epoch + 1, step=step, lr=lr,
+                    train_ppl=stats["train_ppl"], wps=stats["wps"], valid_ppl=valid_ppl,
+                    epoch_time_s=t, compute_share=stats["compute_share"])
+
+    def test(self, epoch, step, lr, stats, test_ppl):
+        self._write(f"test ppl {test_ppl:.2f} | after {epoch + 1} epochs",
+                    event="test", epoch=epoch + 1, step=step, lr=lr,
+                    train_ppl=stats and stats["train_ppl"], wps=stats and stats["wps"],
+                    test_ppl=test_ppl)
+
+
+def run_main(main, argv=None):
+    """Run a trainer's main(); known errors become one line on stderr and a non-zero exit."""
+    from data.ptb import DataError
+    from utils.training import TrainingError
+    try:
+        main(argv)
+    except (DataError, ConfigError, TrainingError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; rerun with --resume to continue from the last checkpoint",
+              file=sys.stderr, flush=True)
+        return 130
+    return 0

@@ -1,0 +1,124 @@
+"""Training and evaluation: LR schedule, optimizer, compiled steps, epoch loop, perplexity."""
+import math
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from data import ptb
+from utils.model import sequence_loss
+
+
+class TrainingError(Exception):
+    """Training cannot go on (NaN loss, say); the message names where and what to do."""
+
+
+def learning_rate(cfg, epoch):
+    """The paper's schedule: constant for max_epoch epochs, then decayed each epoch (epoch from 0)."""
+    return cfg["learning_rate"] * cfg["lr_decay"] ** max(epoch + 1 - cfg["max_epoch"], 0)
+
+
+def make_optimizer(cfg):
+    # Legacy Keras SGD: its apply_gradients aggregates gradients first (the hook Horovod's
+    # DistributedOptimizer overrides with an allreduce) and clips by global norm after that,
+    # so a distributed update equals the single-process update on the global batch.
+    return tf.keras.optimizers.legacy.SGD(learning_rate=cfg["learning_rate"],
+                                          global_clipnorm=cfg["max_grad_norm"])
+
+
+def available_cores():
+    return len(os.sched_getaffinity(0))
+
+
+def set_threads(intra_op):
+    """Cap TensorFlow's thread pools; must run before TensorFlow executes anything."""
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    tf.config.threading.set_inter_op_parallelism_threads(intra_op)
+
+
+def seed_everything(seed):
+    tf.keras.utils.set_random_seed(seed)
+
+
+def make_train_step(model, optimizer):
+    @tf.function(reduce_retracing=True)
+    def train_step(x, y, state):
+        with tf.GradientTape() as tape:
+            logits, state = model(x, state, training=True)
+            loss = sequence_loss(logits, y)
+        # minimize(tape=...) rather than tape.gradient + apply_gradients: Horovod's Keras
+        # DistributedOptimizer allreduces inside _compute_gradients, which minimize calls and
+        # apply_gradients alone never does (it would silently train each rank on its own).
+        optimizer.minimize(loss, model.trainable_variables, tape=tape)
+        return loss, state
+    return train_step
+
+
+def make_eval_step(model):
+    @tf.function(reduce_retracing=True)
+    def eval_step(x, y, state):
+        logits, state = model(x, state, training=False)
+        return sequence_loss(logits, y), state
+    return eval_step
+
+
+def perplexity(loss_sum, num_steps_total):
+    """exp of the mean per-token loss; loss_sum adds per-window losses summed over time."""
+    return math.exp(min(loss_sum / num_steps_total, 700.0))
+
+
+def epoch_steps(cfg, num_windows):
+    cap = cfg["steps_per_epoch"]
+    return num_windows if cap is None else min(num_windows, cap)
+
+
+def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None):
+    """One pass over the windows x, y ([steps, batch, num_steps]); the LSTM state starts at zero.
+
+    `average` turns a local scalar into the mean over workers (None in one process), so the
+    perplexity logged is that of the global batch. It is called at the same steps on every
+    worker, since all of them run the same number of steps.
+    """
+    steps = epoch_steps(cfg, len(x))
+    words_per_step = cfg["batch_size"] * cfg["num_steps"]  # the global batch
+    log_every = max(1, steps // 10)
+    state = model.zero_state(x.shape[1])
+    x, y = tf.constant(x), tf.constant(y)
+    loss_sum, pending, compute_s = 0.0, tf.constant(0.0), 0.0
+    start = time.perf_counter()
+    for step in range(steps):
+        t0 = time.perf_counter()
+        loss, state = train_step(x[step], y[step], state)
+        pending += loss
+        compute_s += time.perf_counter() - t0
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            # One host read per log line, not per step.
+            loss_sum += float(average(pending) if average else pending)
+            pending = tf.constant(0.0)
+            train_ppl = perplexity(loss_sum, (step + 1) * cfg["num_steps"])
+            if not np.isfinite(loss_sum):
+                raise TrainingError(f"loss became {loss_sum} in epoch {epoch + 1} by step {step + 1}; "
+                                    "lower learning_rate or max_grad_norm with --set; the last "
+                                    "checkpoint is kept")
+            elapsed = time.perf_counter() - start
+            wps = (step + 1) * words_per_step / elapsed
+            steps_left = steps - step - 1 + steps * (cfg["num_epochs"] - epoch - 1)
+            log.progress(epoch, step + 1, steps, learning_rate(cfg, epoch), train_ppl, wps,
+                         eta_s=steps_left * elapsed / (step + 1))
+    elapsed = time.perf_counter() - start
+    return {"train_ppl": train_ppl, "epoch_time_s": elapsed, "wps": steps * words_per_step / elapsed,
+            "compute_share": compute_s / elapsed, "steps": steps}
+
+
+def evaluate(eval_step, model, ids, cfg, name):
+    """Perplexity of a token stream, read as eval_batch_size rows with the state carried."""
+    x, y = ptb.windows(ids, cfg["eval_batch_size"], cfg["eval_num_steps"], name)
+    steps = len(x) if cfg["eval_steps"] is None else min(len(x), cfg["eval_steps"])
+    state = model.zero_state(cfg["eval_batch_size"])
+    x, y = tf.constant(x), tf.constant(y)
+    total = tf.constant(0.0)
+    for step in range(steps):
+        loss, state = eval_step(x[step], y[step], state)
+        total += loss
+    return perplexity(float(total), steps * cfg["eval_num_steps"])
