@@ -45,7 +45,8 @@ def main(argv=None):
     for epoch in range(start_epoch, cfg["num_epochs"]):
         lr = training.learning_rate(cfg, epoch)
         optimizer.learning_rate.assign(lr)
-        stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log)
+        stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                     log_every=args.log_every)
         step += stats["steps"]
         if is_chief:
             valid_ppl = training.evaluate(eval_step, model, corpus.valid, cfg, "valid")

@@ -103,6 +103,7 @@ def main(argv=None):
         lr = training.learning_rate(cfg, epoch)
         optimizer.learning_rate.assign(lr)
         stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                     log_every=args.log_every,
                                      average=average_over_ranks)  # Horovod 8
         step += stats["steps"]
         if is_chief:

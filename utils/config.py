@@ -54,6 +54,8 @@ def parse_args(argv=None, description=None):
     p.add_argument("--threads", type=int, default=0,
                    help="TensorFlow threads per process (default: all cores, shared among "
                         "the workers of a host)")
+    p.add_argument("--log_every", type=int, default=0,
+                   help="progress line every N steps (default: about ten per epoch)")
     p.add_argument("--baseline", default=None, metavar="METRICS_JSONL",
                    help="metrics.jsonl of a single-process run, for time-per-epoch comparison")
     return p.parse_args(argv)

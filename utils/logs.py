@@ -66,11 +66,12 @@ class RunLog:
         if self.enabled:
             print(f"{PREFIX} {line}", flush=True)
 
-    def progress(self, epoch, step, steps, lr, train_ppl, wps, eta_s):
+    def progress(self, epoch, step, steps, lr, train_ppl, wps, eta_s, loss):
+        """`loss`: mean per-token loss of the steps since the previous progress line."""
         self._write(f"epoch {epoch + 1}/{self.num_epochs} | step {step}/{steps} | lr {lr:.4g} | "
                     f"train ppl {train_ppl:.2f} | {wps:.0f} wps | eta {format_duration(eta_s)}",
                     event="progress", epoch=epoch + 1, step=step, lr=lr, train_ppl=train_ppl,
-                    wps=wps)
+                    wps=wps, loss=loss)
 
     def epoch(self, epoch, step, lr, stats, valid_ppl):
         t = stats["epoch_time_s"]

@@ -73,7 +73,7 @@ def epoch_steps(cfg, num_windows):
     return num_windows if cap is None else min(num_windows, cap)
 
 
-def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None):
+def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_every=0):
     """One pass over the windows x, y ([steps, batch, num_steps]); the LSTM state starts at zero.
 
     `average` turns a local scalar into the mean over workers (None in one process), so the
@@ -82,20 +82,23 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None):
     """
     steps = epoch_steps(cfg, len(x))
     words_per_step = cfg["batch_size"] * cfg["num_steps"]  # the global batch
-    log_every = max(1, steps // 10)
+    log_every = log_every or max(1, steps // 10)
     state = model.zero_state(x.shape[1])
     x, y = tf.constant(x), tf.constant(y)
-    loss_sum, pending, compute_s = 0.0, tf.constant(0.0), 0.0
+    loss_sum, pending, since, compute_s = 0.0, tf.constant(0.0), 0, 0.0
     start = time.perf_counter()
     for step in range(steps):
         t0 = time.perf_counter()
         loss, state = train_step(x[step], y[step], state)
         pending += loss
+        since += 1
         compute_s += time.perf_counter() - t0
         if (step + 1) % log_every == 0 or step + 1 == steps:
             # One host read per log line, not per step.
-            loss_sum += float(average(pending) if average else pending)
-            pending = tf.constant(0.0)
+            window_loss = float(average(pending) if average else pending)
+            loss_sum += window_loss
+            recent = window_loss / (since * cfg["num_steps"])
+            pending, since = tf.constant(0.0), 0
             train_ppl = perplexity(loss_sum, (step + 1) * cfg["num_steps"])
             if not np.isfinite(loss_sum):
                 raise TrainingError(f"loss became {loss_sum} in epoch {epoch + 1} by step {step + 1}; "
@@ -105,7 +108,7 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None):
             wps = (step + 1) * words_per_step / elapsed
             steps_left = steps - step - 1 + steps * (cfg["num_epochs"] - epoch - 1)
             log.progress(epoch, step + 1, steps, learning_rate(cfg, epoch), train_ppl, wps,
-                         eta_s=steps_left * elapsed / (step + 1))
+                         eta_s=steps_left * elapsed / (step + 1), loss=recent)
     elapsed = time.perf_counter() - start
     return {"train_ppl": train_ppl, "epoch_time_s": elapsed, "wps": steps * words_per_step / elapsed,
             "compute_share": compute_s / elapsed, "steps": steps}

@@ -1,0 +1,33 @@
+"""Helpers shared by the tests: run a repo script, write small corpora."""
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(args, timeout=120, env=None):
+    """Run a repo script in a fresh interpreter; returns CompletedProcess with text output."""
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def write_corpus(folder, train, valid, test):
+    """Write a PTB-format corpus (one sentence per line) into folder."""
+    os.makedirs(folder, exist_ok=True)
+    for name, lines in (("ptb.train.txt", train), ("ptb.valid.txt", valid), ("ptb.test.txt", test)):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("".join(f" {line} \n" for line in lines))
+    return folder
+
+
+def patterned_sentences(n, seed=0):
+    """A corpus an LSTM learns fast: a few sentence templates with a shared structure."""
+    import random
+    rng = random.Random(seed)
+    subjects = ["the cat", "a dog", "the bird", "my friend", "the teacher"]
+    verbs = ["sees", "likes", "finds", "follows"]
+    objects = ["the ball", "a tree", "the house", "the river", "a car", "the moon"]
+    return [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} today"
+            for _ in range(n)]

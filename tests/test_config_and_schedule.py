@@ -1,0 +1,82 @@
+"""Configs, --set parsing, and the learning-rate schedule."""
+import pytest
+
+from utils import config
+from utils.training import learning_rate
+
+PAPER = {  # Zaremba et al. 2014 / the TF tutorial's table
+    "config_small": dict(init_scale=0.1, max_grad_norm=5, num_steps=20, hidden_size=200,
+                         max_epoch=4, num_epochs=13, keep_prob=1.0, lr_decay=0.5),
+    "config_medium": dict(init_scale=0.05, max_grad_norm=5, num_steps=35, hidden_size=650,
+                          max_epoch=6, num_epochs=39, keep_prob=0.5, lr_decay=0.8),
+    "config_large": dict(init_scale=0.04, max_grad_norm=10, num_steps=35, hidden_size=1500,
+                         max_epoch=14, num_epochs=55, keep_prob=0.35, lr_decay=1 / 1.15),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_configs_match_the_paper(name):
+    cfg = config.load_config(name)
+    assert {k: cfg[k] for k in PAPER[name]} == PAPER[name]
+    assert (cfg["learning_rate"], cfg["num_layers"], cfg["batch_size"]) == (1.0, 2, 20)
+    assert cfg["steps_per_epoch"] is None and cfg["eval_steps"] is None
+
+
+@pytest.mark.parametrize("name, expected", [
+    # lr = 1.0 * decay ** max(epoch + 1 - max_epoch, 0), epoch counted from 0
+    ("config_small", [1.0, 1.0, 1.0, 1.0, 0.5, 0.25] + [None] * 6 + [0.5 ** 9]),
+    ("config_medium", [1.0] * 6 + [0.8, 0.64]),
+    ("config_large", [1.0] * 14 + [1 / 1.15, 1 / 1.15 ** 2]),
+])
+def test_learning_rate_schedule(name, expected):
+    cfg = config.load_config(name)
+    for epoch, lr in enumerate(expected):
+        if lr is not None:
+            assert learning_rate(cfg, epoch) == pytest.approx(lr, rel=1e-12), epoch
+
+
+def test_set_overrides_with_python_literals():
+    cfg = config.load_config("config_small", ["num_epochs=1", "steps_per_epoch=None",
+                                              "learning_rate=0.5", "eval_steps = 3"])
+    assert (cfg["num_epochs"], cfg["steps_per_epoch"], cfg["learning_rate"], cfg["eval_steps"]) \
+        == (1, None, 0.5, 3)
+    assert config.load_config("config_small", ["learning_rate=2"])["learning_rate"] == 2
+
+
+@pytest.mark.parametrize("item, message", [
+    ("nope=1", "unknown key 'nope'; valid keys: init_scale"),
+    ("num_epochs=1.5", "num_epochs must be int, got 1.5"),
+    ("num_epochs=True", "num_epochs must be int"),
+    ("num_epochs=[1", "cannot parse '\\[1' as a Python literal"),
+    ("num_epochs", "is not KEY=VALUE"),
+    ("batch_size=0", "batch_size must be > 0"),
+    ("keep_prob=1.5", "keep_prob must be in \\(0, 1\\]"),
+    ("hidden_size=None", "hidden_size must be int, got None"),
+])
+def test_bad_set_is_a_clear_error(item, message):
+    with pytest.raises(config.ConfigError, match=message):
+        config.load_config("config_small", [item])
+
+
+def test_config_files_unknown_missing_and_paths(tmp_path):
+    with pytest.raises(config.ConfigError, match="unknown config 'config_tiny'; use one of "
+                                                 "config_large, config_medium, config_small"):
+        config.load_config("config_tiny")
+    base = open(config.REPO + "/config_small.py").read()
+    good = tmp_path / "mine.py"
+    good.write_text(base.replace("hidden_size = 200", "hidden_size = 8"))
+    assert config.load_config(str(good))["hidden_size"] == 8
+    extra = tmp_path / "extra.py"
+    extra.write_text(base + "\nhiden_size = 3\n")
+    with pytest.raises(config.ConfigError, match="unknown key\\(s\\) hiden_size"):
+        config.load_config(str(extra))
+    lacking = tmp_path / "lacking.py"
+    lacking.write_text(base.replace("lr_decay = 0.5\n", ""))
+    with pytest.raises(config.ConfigError, match="lacks key\\(s\\) lr_decay"):
+        config.load_config(str(lacking))
+
+
+def test_config_hash_tracks_values():
+    a = config.load_config("config_small")
+    assert config.config_hash(a) == config.config_hash(config.load_config("config_small"))
+    assert config.config_hash(a) != config.config_hash(dict(a, num_epochs=2))

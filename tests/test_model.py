@@ -1,0 +1,69 @@
+"""The model on real TensorFlow: shapes, state carry, initial loss, cuDNN eligibility."""
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from utils import config
+from utils.model import build_model, sequence_loss
+
+
+@pytest.fixture(scope="module")
+def model():
+    tf.keras.utils.set_random_seed(0)
+    cfg = dict(config.load_config("config_small"), hidden_size=16, keep_prob=0.5)
+    return build_model(cfg, vocab_size=50)
+
+
+def test_shapes(model):
+    x = tf.zeros([3, 7], tf.int32)
+    logits, state = model(x, model.zero_state(3))
+    assert logits.shape == (3, 7, 50)
+    assert len(state) == 2 and all(h.shape == c.shape == (3, 16) for h, c in state)
+
+
+def test_state_carries_across_windows(model):
+    x = tf.constant(np.random.RandomState(0).randint(0, 50, size=(2, 8)), tf.int32)
+    whole, whole_state = model(x, model.zero_state(2))
+    first, state = model(x[:, :5], model.zero_state(2))
+    second, state = model(x[:, 5:], state)
+    np.testing.assert_allclose(tf.concat([first, second], 1), whole, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state[1][0], whole_state[1][0], rtol=1e-5, atol=1e-6)
+    # a reset state gives a different continuation: the carry is real
+    reset, _ = model(x[:, 5:], model.zero_state(2))
+    assert np.abs(reset - second).max() > 1e-4
+
+
+def test_dropout_only_in_training(model):
+    x = tf.ones([2, 4], tf.int32)
+    a, _ = model(x, model.zero_state(2), training=False)
+    b, _ = model(x, model.zero_state(2), training=False)
+    np.testing.assert_array_equal(a, b)
+    c, _ = model(x, model.zero_state(2), training=True)
+    assert np.abs(c - a).max() > 1e-6
+
+
+def test_initial_loss_is_log_vocab_per_step():
+    tf.keras.utils.set_random_seed(1)
+    cfg = config.load_config("config_small")
+    m = build_model(cfg, vocab_size=10000)
+    x = tf.constant(np.random.RandomState(1).randint(0, 10000, size=(20, 20)), tf.int32)
+    logits, _ = m(x, m.zero_state(20))
+    loss = float(sequence_loss(logits, x))  # summed over 20 steps, mean over batch
+    assert loss / 20 == pytest.approx(math.log(10000), rel=0.01)
+
+
+def test_sequence_loss_sums_time_and_averages_batch():
+    logits = tf.math.log(tf.constant([[[0.5, 0.5], [0.25, 0.75]],
+                                      [[0.5, 0.5], [0.5, 0.5]]]))
+    targets = tf.constant([[0, 1], [1, 0]])
+    expected = ((-math.log(0.5) - math.log(0.75)) + (-math.log(0.5) * 2)) / 2
+    assert float(sequence_loss(logits, targets)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_lstm_layers_keep_the_cudnn_conditions(model):
+    # Keras picks the cuDNN kernel on a GPU only when these hold; it records the verdict.
+    for lstm in model.lstms:
+        assert lstm._could_use_gpu_kernel
+        assert lstm.recurrent_dropout == 0 and not lstm.unroll and lstm.use_bias
