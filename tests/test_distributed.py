@@ -1,0 +1,146 @@
+"""Real Horovod ranks under real mpirun, on CPU: equivalence with one process, sharding,
+rank-0-only output, launch errors, and two "hosts" joined by a veth pair."""
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import REPO, run_script
+
+TINY = os.path.join(REPO, "tests", "config_tiny.py")
+IS_ROOT = os.geteuid() == 0
+# Equivalence: keep_prob 1 and 60 logged steps; one step = 4 rows x 5 tokens of real PTB.
+EQUIV_SET = ["--set", "hidden_size=16", "--set", "batch_size=4", "--set", "num_steps=5",
+             "--set", "num_epochs=2", "--set", "max_epoch=1", "--set", "steps_per_epoch=30",
+             "--set", "eval_steps=5", "--set", "keep_prob=1.0", "--log_every", "1", "--seed", "7"]
+
+
+def mpirun(*apps, timeout=180, extra=()):
+    """Run an MPMD job: each app is (nprocs, args for lm_ptb_distributed.py)."""
+    cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
+           "-bind-to", "none", "-x", "PYTHONUNBUFFERED=1", *extra]
+    for i, (n, args) in enumerate(apps):
+        cmd += ([":"] if i else []) + ["-np", str(n), sys.executable,
+                                       "lm_ptb_distributed.py", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def events(run_dir, kind):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [e for e in map(json.loads, f) if e["event"] == kind]
+
+
+def checkpoint_weights(run_dir):
+    reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith("model/")}
+
+
+def test_two_ranks_equal_one_process_and_only_rank0_writes(ptb_path, tmp_path):
+    single, dist, rank1 = tmp_path / "single", tmp_path / "dist", tmp_path / "rank1"
+    common = ["--config", TINY, "--data_path", ptb_path, *EQUIV_SET]
+    r = run_script(["lm_ptb.py", *common, "--output_dir", str(single)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    # rank 1 gets its own --output_dir: it must stay empty, since only rank 0 writes.
+    r = mpirun((1, [*common, "--output_dir", str(dist)]), (1, [*common, "--output_dir", str(rank1)]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not rank1.exists()
+
+    one = [e["loss"] for e in events(single, "progress")]
+    two = [e["loss"] for e in events(dist, "progress")]
+    assert len(one) == len(two) == 60
+    rel = np.abs(np.array(one) - np.array(two)) / np.abs(one)
+    assert rel.max() < 1e-4, rel
+    assert one[0] != pytest.approx(one[-1], rel=1e-2)  # it trained: the losses moved
+
+    assert {e["world_size"] for e in events(dist, "epoch")} == {2}
+    a, b = checkpoint_weights(single), checkpoint_weights(dist)
+    assert a.keys() == b.keys() and len(a) >= 8
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    # the train perplexity rank 0 reports is the global one, not its shard's
+    assert events(dist, "epoch")[-1]["train_ppl"] == pytest.approx(
+        events(single, "epoch")[-1]["train_ppl"], rel=1e-4)
+
+
+def test_four_ranks_train_and_three_ranks_fail_cleanly(ptb_path, tmp_path):
+    args = ["--config", TINY, "--data_path", ptb_path, "--set", "steps_per_epoch=10",
+            "--set", "num_epochs=1", "--set", "eval_steps=5", "--threads", "1"]
+    r = mpirun((4, [*args, "--output_dir", str(tmp_path / "four")]), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert events(tmp_path / "four", "test")[0]["world_size"] == 4
+
+    r = mpirun((3, [*args, "--output_dir", str(tmp_path / "three")]), timeout=120)
+    assert r.returncode != 0
+    assert "error: batch_size=20 is not divisible by 3 workers" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "three").exists()
+
+
+def test_rank_with_another_config_stops_all(ptb_path, tmp_path):
+    args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", str(tmp_path / "run")]
+    r = mpirun((1, args), (1, [*args, "--set", "num_epochs=2"]), timeout=120)
+    assert r.returncode != 0
+    assert "error: ranks started with different configs" in r.stderr
+    assert "give every rank the same --config and --set" in r.stderr
+
+
+def sh(*cmd):
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair, on addresses of TEST-NET-1 (RFC 5737)."""
+    if not IS_ROOT:
+        if os.environ.get("CI"):
+            pytest.fail("the two-host test needs root (ip netns) and must run in CI")
+        pytest.skip("needs root for ip netns")
+    tag = uuid.uuid4().hex[:6]
+    hosts = [(f"ptb{tag}a", "192.0.2.1"), (f"ptb{tag}b", "192.0.2.2")]
+    veths = [f"vp{tag}a", f"vp{tag}b"]
+    try:
+        for ns, _ in hosts:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", veths[0], "type", "veth", "peer", "name", veths[1])
+        for (ns, addr), veth in zip(hosts, veths):
+            sh("ip", "link", "set", veth, "netns", ns)
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
+            sh("ip", "-n", ns, "link", "set", veth, "up")
+        yield hosts
+    finally:
+        for ns, _ in hosts:  # deleting a namespace deletes its end of the veth pair too
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_two_hosts_over_veth(ptb_path, tmp_path, two_hosts):
+    (ns_a, addr_a), (ns_b, addr_b) = two_hosts
+    out = tmp_path / "run"
+    marker = tmp_path / "netns"
+    marker.mkdir()
+    cmd = ["ip", "netns", "exec", ns_a, "mpirun", "--allow-run-as-root",
+           "-np", "2", "-H", f"{addr_a}:1,{addr_b}:1", "-bind-to", "none", "-map-by", "slot",
+           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONUNBUFFERED=1",
+           "-mca", "plm_rsh_agent", os.path.join(REPO, "scripts", "netns_rsh"),
+           "-mca", "pml", "ob1", "-mca", "btl", "tcp,self",
+           "-mca", "btl_tcp_if_include", "192.0.2.0/24", "-mca", "oob_tcp_if_include", "192.0.2.0/24",
+           "-wdir", REPO, "sh", "-c",
+           f'readlink /proc/self/ns/net > {marker}/rank$OMPI_COMM_WORLD_RANK && exec "$0" "$@"',
+           sys.executable, "lm_ptb_distributed.py", "--config", TINY, "--data_path", ptb_path,
+           "--output_dir", str(out), "--set", "steps_per_epoch=20", "--set", "num_epochs=1",
+           "--set", "eval_steps=5"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    namespaces = {p: (marker / p).read_text().strip() for p in ("rank0", "rank1")}
+    ns_ids = {ns: os.readlink(f"/run/netns/{ns}") if os.path.islink(f"/run/netns/{ns}") else
+              subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
+                             capture_output=True, text=True).stdout.strip() for ns in (ns_a, ns_b)}
+    assert namespaces == {"rank0": ns_ids[ns_a], "rank1": ns_ids[ns_b]}
+    test_event = events(out, "test")[0]
+    assert test_event["world_size"] == 2 and test_event["test_ppl"] > 0
