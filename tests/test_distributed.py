@@ -144,3 +144,15 @@ def test_two_hosts_over_veth(ptb_path, tmp_path, two_hosts):
     assert namespaces == {"rank0": ns_ids[ns_a], "rank1": ns_ids[ns_b]}
     test_event = events(out, "test")[0]
     assert test_event["world_size"] == 2 and test_event["test_ppl"] > 0
+
+
+def test_horovodrun_gloo_on_one_host(ptb_path, tmp_path):
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    out = tmp_path / "gloo"
+    r = subprocess.run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
+                        "lm_ptb_distributed.py", "--config", TINY, "--data_path", ptb_path,
+                        "--output_dir", str(out), "--set", "steps_per_epoch=10",
+                        "--set", "num_epochs=1", "--set", "eval_steps=5"],
+                       cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert events(out, "test")[0]["world_size"] == 2

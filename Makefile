@@ -1,0 +1,28 @@
+# The two commands of the README's quick start:
+#   make train   set up, then train the small config with 2 Horovod workers on this host
+#   make test    set up, then run the whole test suite
+# Offline machines: PTB_DATA_PATH=/path/to/ptb make ...   (a folder with ptb.{train,valid,test}.txt)
+PTB_DATA_PATH ?= data/ptb
+export PTB_DATA_PATH
+CONFIG ?= config_small
+NP ?= 2
+PY := .venv/bin/python
+AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+
+.PHONY: train test setup data single
+train: setup data
+	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
+	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
+	    --output_dir runs/$(CONFIG)-np$(NP)
+
+single: setup data
+	$(PY) lm_ptb.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) --output_dir runs/$(CONFIG)-single
+
+test: setup data
+	$(PY) -m pytest -q
+
+setup:
+	scripts/setup.sh
+
+data: setup
+	$(PY) -m data.ptb --data_path $(PTB_DATA_PATH)
