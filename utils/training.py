@@ -32,9 +32,13 @@ def available_cores():
 
 
 def set_threads(intra_op):
-    """Cap TensorFlow's thread pools; must run before TensorFlow executes anything."""
-    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
-    tf.config.threading.set_inter_op_parallelism_threads(intra_op)
+    """Cap TensorFlow's thread pools. They are fixed once TensorFlow has run an op, so when
+    main() is called from a process that already ran TensorFlow (a test), they stay as they are."""
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(intra_op)
+    except RuntimeError:
+        pass
 
 
 def seed_everything(seed):
