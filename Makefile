@@ -8,15 +8,19 @@ CONFIG ?= config_small
 NP ?= 2
 PY := .venv/bin/python
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+RUN_DIR = runs/$(CONFIG)-$(1)
+# A second `make train` continues the first run's checkpoints instead of refusing its folder.
+RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
 .PHONY: train test setup data single
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
-	    --output_dir runs/$(CONFIG)-np$(NP)
+	    --output_dir $(call RUN_DIR,np$(NP)) $(call RESUME,np$(NP))
 
 single: setup data
-	$(PY) lm_ptb.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) --output_dir runs/$(CONFIG)-single
+	$(PY) lm_ptb.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) --output_dir $(call RUN_DIR,single) \
+	    $(call RESUME,single)
 
 test: setup data
 	$(PY) -m pytest -q

@@ -13,7 +13,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
 
 from data import ptb
-from utils import config, logs
+from utils import cli, config, logs
 from utils.checkpoints import Checkpoints
 from utils.model import build_model
 from utils import training
@@ -31,6 +31,8 @@ def main(argv=None):
     ptb.ensure_data(args.data_path)
     corpus = ptb.load_corpus(args.data_path)
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
+    valid = ptb.windows(corpus.valid, cfg["eval_batch_size"], cfg["eval_num_steps"], "valid")
+    test = ptb.windows(corpus.test, cfg["eval_batch_size"], cfg["eval_num_steps"], "test")
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
 
@@ -39,7 +41,7 @@ def main(argv=None):
     train_step = training.make_train_step(model, optimizer)
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer)
-    start_epoch = checkpoints.restore_latest() if args.resume and is_chief else 0
+    start_epoch = checkpoints.start(args.resume) if is_chief else 0
 
     stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
     for epoch in range(start_epoch, cfg["num_epochs"]):
@@ -49,14 +51,14 @@ def main(argv=None):
                                      log_every=args.log_every)
         step += stats["steps"]
         if is_chief:
-            valid_ppl = training.evaluate(eval_step, model, corpus.valid, cfg, "valid")
+            valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
             log.epoch(epoch, step, lr, stats, valid_ppl)
             checkpoints.save(epoch + 1)
     if is_chief:
-        test_ppl = training.evaluate(eval_step, model, corpus.test, cfg, "test")
+        test_ppl = training.evaluate(eval_step, model, *test, cfg)
         log.test(cfg["num_epochs"] - 1, step, training.learning_rate(cfg, cfg["num_epochs"] - 1),
                  stats, test_ppl)
 
 
 if __name__ == "__main__":
-    sys.exit(logs.run_main(main))
+    sys.exit(cli.run_main(main))

@@ -23,7 +23,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from data import ptb
-from utils import config, logs
+from utils import cli, config, logs
 from utils.checkpoints import Checkpoints
 from utils.model import build_model
 from utils import training
@@ -85,6 +85,8 @@ def main(argv=None):
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
     train_x = ptb.shard(train_x, hvd.rank(), hvd.size())  # Horovod 5: rows of the global batch
     train_y = ptb.shard(train_y, hvd.rank(), hvd.size())  # Horovod 5
+    valid = ptb.windows(corpus.valid, cfg["eval_batch_size"], cfg["eval_num_steps"], "valid")
+    test = ptb.windows(corpus.test, cfg["eval_batch_size"], cfg["eval_num_steps"], "test")
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
 
@@ -94,7 +96,7 @@ def main(argv=None):
     train_step = training.make_train_step(model, optimizer)
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer)
-    start_epoch = checkpoints.restore_latest() if args.resume and is_chief else 0
+    start_epoch = checkpoints.start(args.resume) if is_chief else 0
     start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)  # Horovod 4: resume together
     hvd.broadcast_variables(model.variables + [optimizer.iterations], root_rank=0)  # Horovod 4
 
@@ -107,14 +109,14 @@ def main(argv=None):
                                      average=average_over_ranks)  # Horovod 8
         step += stats["steps"]
         if is_chief:
-            valid_ppl = training.evaluate(eval_step, model, corpus.valid, cfg, "valid")
+            valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
             log.epoch(epoch, step, lr, stats, valid_ppl)
             checkpoints.save(epoch + 1)
     if is_chief:
-        test_ppl = training.evaluate(eval_step, model, corpus.test, cfg, "test")
+        test_ppl = training.evaluate(eval_step, model, *test, cfg)
         log.test(cfg["num_epochs"] - 1, step, training.learning_rate(cfg, cfg["num_epochs"] - 1),
                  stats, test_ppl)
 
 
 if __name__ == "__main__":
-    sys.exit(logs.run_main(main))
+    sys.exit(cli.run_main(main))

@@ -1,22 +1,47 @@
-"""Checkpoints at epoch ends: model, optimizer and the number of epochs done."""
+"""Checkpoints at epoch ends (model, optimizer with its step counter, epochs done), and resume."""
+import glob
 import os
+import shutil
 
 import tensorflow as tf
 
+from utils.cli import signals_deferred
 from utils.config import ConfigError
 
 
 class Checkpoints:
     def __init__(self, output_dir, model, optimizer, keep=3):
+        self.output_dir = output_dir
         self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                               epochs_done=self.epochs_done)
         self.folder = os.path.join(output_dir, "checkpoints")
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder, max_to_keep=keep)
 
+    def start(self, resume):
+        """Epochs already done: restored with --resume; else 0, refusing to mix with a past run."""
+        if resume:
+            return self.restore_latest()
+        earlier = [p for p in (self.folder, os.path.join(self.output_dir, "metrics.jsonl"))
+                   if os.path.exists(p)]
+        if earlier:
+            raise ConfigError(f"--output_dir {self.output_dir} holds an earlier run "
+                              f"({', '.join(os.path.basename(p) for p in earlier)}); pass --resume "
+                              "to continue it, or choose another --output_dir")
+        return 0
+
     def save(self, epochs_done):
-        self.epochs_done.assign(epochs_done)
-        return self.manager.save(checkpoint_number=epochs_done)
+        """Write a checkpoint. TensorFlow writes the files first and moves the `checkpoint`
+        pointer last, and signals wait until it is done, so the latest one is always whole."""
+        with signals_deferred():
+            self._remove_partial()
+            self.epochs_done.assign(epochs_done)
+            return self.manager.save(checkpoint_number=epochs_done)
+
+    def _remove_partial(self):
+        """Drop temp files of a save that a SIGKILL interrupted (never the pointer's target)."""
+        for path in glob.glob(os.path.join(self.folder, "*_temp*")):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
     def restore_latest(self):
         """Restore the newest checkpoint; returns the number of epochs it had finished."""
@@ -28,6 +53,8 @@ class Checkpoints:
             self.checkpoint.restore(path).assert_existing_objects_matched()
         except (ValueError, AssertionError, tf.errors.OpError) as e:
             first = str(e).strip().splitlines()[0][:200]
+            # The half-matched checkpoint object would warn about every unrestored value at exit.
+            tf.get_logger().setLevel("ERROR")
             raise ConfigError(f"--resume: checkpoint {path} does not fit this config ({first}); "
                               "resume with the config it was trained with") from None
         return int(self.epochs_done.numpy())

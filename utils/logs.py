@@ -2,7 +2,6 @@
 import json
 import os
 import statistics
-import sys
 import time
 
 from utils.config import ConfigError
@@ -32,6 +31,16 @@ def load_baseline(path):
     return times
 
 
+def check_writable(folder):
+    """Fail early if `folder` cannot be created or written, without creating anything yet."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output_dir {folder} is not writable ({probe} is not a writable "
+                          "folder); choose another --output_dir")
+
+
 class RunLog:
     """Progress lines on stdout and events in <output_dir>/metrics.jsonl (chief only)."""
 
@@ -41,23 +50,16 @@ class RunLog:
         self.config = dict(cfg, name=config_name)
         self.num_epochs = cfg["num_epochs"]
         self.baseline = load_baseline(baseline) if baseline else None
+        self.output_dir = output_dir
         self.path = os.path.join(output_dir, "metrics.jsonl")
         if enabled:
-            self._check_writable(output_dir)
-
-    def _check_writable(self, output_dir):
-        try:
-            os.makedirs(output_dir, exist_ok=True)
-            with open(self.path, "a"):
-                pass
-        except OSError as e:
-            raise ConfigError(f"--output_dir {output_dir} is not writable ({e.strerror}); "
-                              "choose another folder") from None
+            check_writable(output_dir)
 
     def _write(self, line, **event):
         if not self.enabled:
             return
         print(f"{PREFIX} {line}", flush=True)
+        os.makedirs(self.output_dir, exist_ok=True)
         event.update(world_size=self.world_size, config=self.config, time=time.time())
         with open(self.path, "a") as f:
             f.write(json.dumps(event) + "\n")
@@ -91,19 +93,3 @@ class RunLog:
                     event="test", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats and stats["train_ppl"], wps=stats and stats["wps"],
                     test_ppl=test_ppl)
-
-
-def run_main(main, argv=None):
-    """Run a trainer's main(); known errors become one line on stderr and a non-zero exit."""
-    from data.ptb import DataError
-    from utils.training import TrainingError
-    try:
-        main(argv)
-    except (DataError, ConfigError, TrainingError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted; rerun with --resume to continue from the last checkpoint",
-              file=sys.stderr, flush=True)
-        return 130
-    return 0

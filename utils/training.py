@@ -3,10 +3,8 @@ import math
 import os
 import time
 
-import numpy as np
 import tensorflow as tf
 
-from data import ptb
 from utils.model import sequence_loss
 
 
@@ -100,14 +98,14 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
         if (step + 1) % log_every == 0 or step + 1 == steps:
             # One host read per log line, not per step.
             window_loss = float(average(pending) if average else pending)
+            if not math.isfinite(window_loss):
+                raise TrainingError(f"loss became {window_loss} in epoch {epoch + 1} between steps "
+                                    f"{step + 2 - since} and {step + 1}; the last checkpoint is "
+                                    "kept; lower learning_rate or max_grad_norm with --set")
             loss_sum += window_loss
             recent = window_loss / (since * cfg["num_steps"])
             pending, since = tf.constant(0.0), 0
             train_ppl = perplexity(loss_sum, (step + 1) * cfg["num_steps"])
-            if not np.isfinite(loss_sum):
-                raise TrainingError(f"loss became {loss_sum} in epoch {epoch + 1} by step {step + 1}; "
-                                    "lower learning_rate or max_grad_norm with --set; the last "
-                                    "checkpoint is kept")
             elapsed = time.perf_counter() - start
             wps = (step + 1) * words_per_step / elapsed
             steps_left = steps - step - 1 + steps * (cfg["num_epochs"] - epoch - 1)
@@ -118,9 +116,9 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
             "compute_share": compute_s / elapsed, "steps": steps}
 
 
-def evaluate(eval_step, model, ids, cfg, name):
-    """Perplexity of a token stream, read as eval_batch_size rows with the state carried."""
-    x, y = ptb.windows(ids, cfg["eval_batch_size"], cfg["eval_num_steps"], name)
+def evaluate(eval_step, model, x, y, cfg):
+    """Perplexity over windows of ptb.windows(ids, eval_batch_size, eval_num_steps), the state
+    carried from one window to the next."""
     steps = len(x) if cfg["eval_steps"] is None else min(len(x), cfg["eval_steps"])
     state = model.zero_state(cfg["eval_batch_size"])
     x, y = tf.constant(x), tf.constant(y)

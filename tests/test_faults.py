@@ -1,0 +1,227 @@
+"""Bad input, checkpoints, resume and faults, with real processes, signals and files on disk."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import REPO, patterned_sentences, run_script, write_corpus
+from tests.test_distributed import IS_ROOT, mpirun
+
+TINY = os.path.join(REPO, "tests", "config_tiny.py")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    return str(write_corpus(folder, patterned_sentences(2400, 0), patterned_sentences(200, 1),
+                            patterned_sentences(200, 2)))
+
+
+def snapshot(folder):
+    """Every file under folder with its size and mtime: to prove nothing was written."""
+    return {os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size,
+                                 os.stat(os.path.join(d, f)).st_mtime_ns)
+            for d, _, files in os.walk(folder) for f in files}
+
+
+def assert_one_line_error(result, message, started):
+    assert time.monotonic() - started < 30
+    assert result.returncode == 2, result.stdout + result.stderr
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("error: ") and message in err, err
+
+
+def bad_data(tmp_path, raw):
+    """A data folder whose three files all hold `raw`."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    for name in ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"):
+        (folder / name).write_bytes(raw)
+    return folder
+
+
+def config_file(tmp_path, edit):
+    text = open(TINY).read()
+    path = tmp_path / "cfg.py"
+    path.write_text(edit(text))
+    return str(path)
+
+
+CASES = {
+    "unknown config": (lambda t: ["--config", "config_nope"], "unknown config 'config_nope'"),
+    "config lacks a key": (lambda t: ["--config", config_file(
+        t, lambda s: s.replace("lr_decay = 0.5\n", ""))], "lacks key(s) lr_decay"),
+    "config has an unknown key": (lambda t: ["--config", config_file(
+        t, lambda s: s + "dropout = 0.1\n")], "has unknown key(s) dropout"),
+    "set unknown key": (lambda t: ["--set", "layers=3"], "unknown key 'layers'"),
+    "set wrong type": (lambda t: ["--set", "batch_size=2.5"], "batch_size must be int"),
+    "set unparseable": (lambda t: ["--set", "keep_prob=0..5"], "cannot parse '0..5'"),
+    "no data, no download": (lambda t: ["--data_path", str(t / "none")], "download of"),
+    "empty data file": (lambda t: ["--data_path", str(bad_data(t, b""))],
+                        "ptb.train.txt is empty"),
+    "too short for a window": (lambda t: ["--data_path", str(bad_data(t, b"a b c\n"))],
+                               "too short for one window"),
+    "non-UTF-8 data": (lambda t: ["--data_path", str(bad_data(t, b"a \xfe b\n" * 99))],
+                       "is not UTF-8 text"),
+    "num_steps too long": (lambda t: ["--set", "num_steps=100000"], "too short for one window"),
+    "output_dir not writable": (lambda t: ["--output_dir", str(t / "a_file" / "run")],
+                                "is not writable"),
+    "resume without checkpoint": (lambda t: ["--resume"], "--resume: no checkpoint in"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_writes_nothing(case, corpus, tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    extra, message = CASES[case]
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", str(tmp_path / "out")]
+    args += extra(tmp_path)
+    before = snapshot(tmp_path)
+    started = time.monotonic()
+    closed = "http://127.0.0.1:9/simple-examples.tgz"  # discard port: nothing listens
+    result = run_script(["lm_ptb.py", *args], env={"PTB_URL": closed})
+    assert_one_line_error(result, message, started)
+    assert snapshot(tmp_path) == before
+
+
+def train(args, script="lm_ptb.py", **kw):
+    r = run_script([script, *args], timeout=180, **kw)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_resume_continues_exactly_and_checkpoint_config_mismatch(corpus, tmp_path):
+    base = ["--config", TINY, "--data_path", corpus]
+    full, split = str(tmp_path / "full"), str(tmp_path / "split")
+    train([*base, "--output_dir", full])
+    # The same run stopped after epoch 1 (num_epochs does not enter the checkpoint) ...
+    train([*base, "--output_dir", split, "--set", "num_epochs=1"])
+    first = metrics(split)
+    # ... a fresh start into its folder is refused, so nothing is lost ...
+    r = run_script(["lm_ptb.py", *base, "--output_dir", split])
+    assert r.returncode == 2 and "holds an earlier run" in r.stderr
+    # ... and --resume continues it: the LR schedule and epoch counter go on.
+    train([*base, "--output_dir", split, "--resume"])
+    events = metrics(split)
+    assert events[:len(first)] == first  # appended, never truncated
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs[-1]["lr"] == 0.5
+    final = {e["event"]: e for e in metrics(full)}["test"]["test_ppl"]
+    resumed = events[-1]["test_ppl"]
+    assert resumed == pytest.approx(final, rel=0.005)
+
+    before = snapshot(split)
+    started = time.monotonic()
+    r = run_script(["lm_ptb.py", *base, "--output_dir", split, "--resume",
+                    "--set", "hidden_size=24"])
+    assert_one_line_error(r, "does not fit this config", started)
+    assert snapshot(split) == before
+
+
+def test_nan_loss_stops_with_the_epoch_and_step(corpus, tmp_path):
+    out = tmp_path / "nan"
+    started = time.monotonic()
+    r = run_script(["lm_ptb.py", "--config", TINY, "--data_path", corpus, "--output_dir", str(out),
+                    "--set", "max_grad_norm=1e30", "--set", "learning_rate=1e38"])
+    assert_one_line_error(r, "in epoch 1 between steps", started)
+    assert not (out / "checkpoints").exists()
+
+
+def test_checkpoints_move_between_the_two_scripts(corpus, tmp_path):
+    base = ["--config", TINY, "--data_path", corpus, "--set", "steps_per_epoch=20"]
+    one_epoch = ["--set", "num_epochs=1"]
+    a, b = str(tmp_path / "dist_then_single"), str(tmp_path / "single_then_dist")
+    r = mpirun((2, [*base, *one_epoch, "--output_dir", a]))
+    assert r.returncode == 0, r.stderr
+    train([*base, "--output_dir", a, "--resume"])
+    train([*base, *one_epoch, "--output_dir", b])
+    r = mpirun((2, [*base, "--output_dir", b, "--resume"]))
+    assert r.returncode == 0, r.stderr
+    for run_dir in (a, b):
+        epochs = [e for e in metrics(run_dir) if e["event"] == "epoch"]
+        assert [(e["epoch"], e["world_size"]) for e in epochs][1:] == [
+            (2, 1 if run_dir == a else 2), (3, 1 if run_dir == a else 2)]
+    # the two routes train the same model on the same global batches
+    ppl = [metrics(d)[-1]["test_ppl"] for d in (a, b)]
+    assert ppl[0] == pytest.approx(ppl[1], rel=1e-3)
+
+
+def start_job(args, nranks=2):
+    cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
+           "-bind-to", "none", "-np", str(nranks), sys.executable, "lm_ptb_distributed.py", *args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def rank_pids(job):
+    """pid of each rank of a running mpirun job, read from the processes' environments."""
+    pids = {}
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        if ppid == job.pid and b"OMPI_COMM_WORLD_RANK" in env:
+            pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
+    return pids
+
+
+def wait_for_epoch(run_dir, epoch, job, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert job.poll() is None, job.communicate()
+        if os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{epoch}.index")):
+            events = metrics(run_dir)
+            if events and events[-1]["event"] == "progress" and events[-1]["epoch"] > epoch:
+                return  # mid-way through the next epoch
+        time.sleep(0.2)
+    pytest.fail(f"epoch {epoch} did not finish in {timeout} s")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL rank 1", "SIGTERM rank 0", "SIGINT mpirun"])
+def test_fault_stops_the_job_and_resume_continues(how, corpus, tmp_path):
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", out, "--log_every", "5",
+            "--set", "num_epochs=3"]
+    job = start_job(args)
+    try:
+        wait_for_epoch(out, 1, job)
+        pids = rank_pids(job)
+        assert sorted(pids) == [0, 1]
+        started = time.monotonic()
+        if how == "SIGKILL rank 1":
+            os.kill(pids[1], signal.SIGKILL)
+        elif how == "SIGTERM rank 0":
+            os.kill(pids[0], signal.SIGTERM)
+        else:
+            job.send_signal(signal.SIGINT)
+        _, stderr = job.communicate(timeout=60)
+        assert time.monotonic() - started < 60
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode != 0
+    if how == "SIGTERM rank 0":
+        assert "error: stopped by SIGTERM" in stderr
+    ckpts = os.listdir(os.path.join(out, "checkpoints"))
+    assert not [f for f in ckpts if "_temp" in f], ckpts  # no partial checkpoint
+    done = len(metrics(out))
+    r = mpirun((2, [*args, "--resume"]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = metrics(out)
+    assert len(events) > done and events[-1]["event"] == "test"
+    assert [e["epoch"] for e in events if e["event"] == "epoch"][-1] == 3

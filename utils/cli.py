@@ -1,0 +1,54 @@
+"""Process entry for both trainers: one-line errors with an exit status, clean stops on signals."""
+import contextlib
+import signal
+import sys
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; raised in the main thread at a safe point."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_defer = {"active": False, "pending": None}
+
+
+def _on_signal(signum, frame):
+    if _defer["active"]:
+        _defer["pending"] = signum
+    else:
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT/SIGTERM until the block ends, so a checkpoint is never half written by us."""
+    _defer["active"] = True
+    try:
+        yield
+    finally:
+        _defer["active"] = False
+        pending, _defer["pending"] = _defer["pending"], None
+        if pending is not None:
+            raise Interrupted(pending)
+
+
+def run_main(main, argv=None):
+    """Run a trainer's main(); known errors become one line on stderr and a non-zero exit."""
+    from data.ptb import DataError
+    from utils.config import ConfigError
+    from utils.training import TrainingError
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
+    try:
+        main(argv)
+    except (DataError, ConfigError, TrainingError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except Interrupted as e:
+        print(f"error: stopped by {e}; the last finished epoch's checkpoint is kept, rerun with "
+              "--resume to continue", file=sys.stderr, flush=True)
+        return 128 + e.signum
+    return 0
