@@ -67,3 +67,60 @@ def test_lstm_layers_keep_the_cudnn_conditions(model):
     for lstm in model.lstms:
         assert lstm._could_use_gpu_kernel
         assert lstm.recurrent_dropout == 0 and not lstm.unroll and lstm.use_bias
+
+
+def test_lstm_implementation_is_chosen_by_device():
+    from utils.model import choose_lstm_impl
+    assert choose_lstm_impl(gpus=["/device:GPU:0"]) == "keras"  # cuDNN on GPUs
+    assert choose_lstm_impl(gpus=[]) == "unrolled"
+    assert not tf.config.list_logical_devices("GPU")
+    assert build_model(config.load_config("config_small"), 20).lstm_impl == "unrolled"
+
+
+def test_unrolled_lstm_equals_keras_lstm_in_value_and_gradient():
+    cfg = dict(config.load_config("config_small"), hidden_size=24)
+    tf.keras.utils.set_random_seed(3)
+    keras_model = build_model(cfg, 40, lstm_impl="keras")
+    fast_model = build_model(cfg, 40, lstm_impl="unrolled")
+    fast_model.set_weights(keras_model.get_weights())  # same variables, same layout
+    x = tf.constant(np.random.RandomState(3).randint(0, 40, size=(4, 9)), tf.int32)
+    results = []
+    for m in (keras_model, fast_model):
+        state = tuple((tf.random.stateless_normal([4, 24], [i, 0]),
+                       tf.random.stateless_normal([4, 24], [i, 1])) for i in range(2))
+        with tf.GradientTape() as tape:
+            logits, new_state = m(x, state, training=True)
+            loss = sequence_loss(logits, x)
+        results.append((logits, new_state[1][1], tape.gradient(loss, m.trainable_variables)))
+    (la, sa, ga), (lb, sb, gb) = results
+    np.testing.assert_allclose(lb, la, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sb, sa, rtol=1e-5, atol=1e-5)
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a),
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_sequence_loss_equals_tensorflows_cross_entropy():
+    logits = tf.random.stateless_normal([3, 5, 50], [1, 2]) * 4
+    targets = tf.random.stateless_uniform([3, 5], [3, 4], maxval=50, dtype=tf.int32)
+    expected = tf.reduce_sum(tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits), 0))
+    assert float(sequence_loss(logits, targets)) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_loss_trajectory_matches_the_reference_implementation(ptb_path, tmp_path):
+    """The CPU fast path must not move perplexity: 60 steps of the tiny config stay within
+    1e-3 of the losses the plain Keras LSTM + sparse cross-entropy gave (tests/reference_losses.json)."""
+    import json
+    import os
+    import lm_ptb
+    ref = json.load(open(os.path.join(os.path.dirname(__file__), "reference_losses.json")))
+    out = tmp_path / "run"
+    args = ref["command"].split()[2:]
+    args[args.index("<PTB>")] = ptb_path
+    lm_ptb.main(args + ["--output_dir", str(out)])
+    events = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    losses = [e["loss"] for e in events if e["event"] == "progress"]
+    assert len(losses) == len(ref["losses"]) == 60
+    rel = np.abs(np.array(losses) - ref["losses"]) / np.abs(ref["losses"])
+    assert rel.max() < 1e-3, rel.max()

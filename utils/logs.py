@@ -1,6 +1,7 @@
 """One greppable log format for both trainers, metrics.jsonl, and the error exit."""
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -29,6 +30,11 @@ def load_baseline(path):
         raise ConfigError(f"--baseline {path} has no epoch events; let the lm_ptb.py run "
                           "finish at least one epoch")
     return times
+
+
+def peak_rss_mb():
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def check_writable(folder):
@@ -86,7 +92,7 @@ class RunLog:
                     f"{stats['wps']:.0f} wps | computing {100 * stats['compute_share']:.0f}%",
                     event="epoch", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats["train_ppl"], wps=stats["wps"], valid_ppl=valid_ppl,
-                    epoch_time_s=t, compute_share=stats["compute_share"])
+                    epoch_time_s=t, compute_share=stats["compute_share"], peak_rss_mb=peak_rss_mb())
 
     def test(self, epoch, step, lr, stats, test_ppl):
         self._write(f"test ppl {test_ppl:.2f} | after {epoch + 1} epochs",

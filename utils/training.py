@@ -44,7 +44,7 @@ def seed_everything(seed):
 
 
 def make_train_step(model, optimizer):
-    @tf.function(reduce_retracing=True)
+    @tf.function
     def train_step(x, y, state):
         with tf.GradientTape() as tape:
             logits, state = model(x, state, training=True)
@@ -58,7 +58,7 @@ def make_train_step(model, optimizer):
 
 
 def make_eval_step(model):
-    @tf.function(reduce_retracing=True)
+    @tf.function
     def eval_step(x, y, state):
         logits, state = model(x, state, training=False)
         return sequence_loss(logits, y), state

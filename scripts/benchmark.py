@@ -1,0 +1,128 @@
+"""Throughput benchmark: the real trainers on real PTB, one table and one JSON file.
+
+    make bench          # or: .venv/bin/python scripts/benchmark.py [--quick]
+
+Every words/sec figure is the median over timed windows of the trainer's own progress
+events (`--log_every` steps each), the first window (tracing, warm-up) left out.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from utils import config  # noqa: E402
+from utils.config import DEFAULT_DATA_PATH  # noqa: E402
+
+VOCAB = 10000
+
+
+def flops_per_word(cfg, vocab=VOCAB):
+    """Multiply-adds x 2 of one token's forward pass, x 3 for forward + backward."""
+    h = cfg["hidden_size"]
+    lstm = cfg["num_layers"] * 2 * (h + h) * 4 * h
+    softmax = 2 * h * vocab
+    return 3 * (lstm + softmax)
+
+
+def matmul_gflops(n=2048, reps=10):
+    import tensorflow as tf
+    a, b = tf.random.normal([n, n]), tf.random.normal([n, n])
+    mm = tf.function(lambda: tf.matmul(a, b))
+    mm().numpy()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        mm().numpy()
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def run_trainer(launcher, config_name, steps, log_every, data_path, extra=()):
+    """Run a trainer for `steps` steps; returns (median window wps, windows, peak RSS MB)."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [*launcher, "--config", config_name, "--data_path", data_path, "--output_dir", out,
+               "--set", f"steps_per_epoch={steps}", "--set", "num_epochs=1",
+               "--set", "eval_steps=1", "--log_every", str(log_every), *extra]
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)  # usage covers mpirun's ranks too
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            events = [json.loads(line) for line in f]
+    progress = [e for e in events if e["event"] == "progress"]
+    cfg = progress[0]["config"]
+    words = cfg["batch_size"] * cfg["num_steps"]
+    windows = [(b["step"] - a["step"]) * words / (b["time"] - a["time"])
+               for a, b in zip(progress, progress[1:])]
+    return statistics.median(windows), len(windows), usage.ru_maxrss / 1024
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer steps; under 3 minutes")
+    p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
+    p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
+    args = p.parse_args(argv)
+    small, medium = config.load_config("config_small"), config.load_config("config_medium")
+    steps = (130, 50) if args.quick else (600, 150)  # (small, medium), at 10 steps a window
+    py = [sys.executable]
+    mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+              "--oversubscribe", "-bind-to", "none"]
+    dist = [sys.executable, "lm_ptb_distributed.py"]
+    cores = len(os.sched_getaffinity(0))
+
+    gflops = matmul_gflops()
+    ceiling = gflops * 1e9 / flops_per_word(small)
+    rows, result = [], {"cores": cores, "matmul_gflops": gflops,
+                        "small_flops_per_word": flops_per_word(small), "small_wps_ceiling": ceiling}
+    runs = {
+        "small_single_all_cores": (py + ["lm_ptb.py"], "config_small", steps[0], ()),
+        "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", steps[0] // 2,
+                                ("--threads", "1")),
+        "small_2ranks_1thread": (mpirun + ["-np", "2"] + dist, "config_small", steps[0] // 2,
+                                 ("--threads", "1")),
+        "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], ()),
+    }
+    for name, (launcher, cfg_name, n, extra) in runs.items():
+        wps, windows, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra)
+        result[name] = {"wps": wps, "windows": windows, "peak_rss_mb": rss}
+        print(f"  {name}: {wps:,.0f} wps (median of {windows} windows), peak RSS {rss:,.0f} MB",
+              flush=True)
+    single = result["small_single_all_cores"]["wps"]
+    result["small_share_of_ceiling"] = single / ceiling
+    result["small_2_vs_1_rank_speedup"] = (result["small_2ranks_1thread"]["wps"]
+                                           / result["small_1rank_1thread"]["wps"])
+    rows = [
+        ("fp32 matmul ceiling (2048², all cores)", f"{gflops:,.0f} GFLOP/s"),
+        ("small: FLOPs per word (fwd + bwd)", f"{flops_per_word(small) / 1e6:.1f} MFLOP"),
+        ("small: words/sec ceiling", f"{ceiling:,.0f} wps"),
+        ("small, single process, all cores", f"{single:,.0f} wps "
+                                              f"({100 * result['small_share_of_ceiling']:.0f} % of ceiling)"),
+        ("small, 1 rank x 1 thread", f"{result['small_1rank_1thread']['wps']:,.0f} wps"),
+        ("small, 2 ranks x 1 thread", f"{result['small_2ranks_1thread']['wps']:,.0f} wps "
+                                       f"(speedup {result['small_2_vs_1_rank_speedup']:.2f}x)"),
+        ("medium, single process, all cores", f"{result['medium_single_all_cores']['wps']:,.0f} wps"),
+        ("peak RSS, small single / per rank", f"{result['small_single_all_cores']['peak_rss_mb']:,.0f}"
+                                               f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores)")
+    for label, value in rows:
+        print(f"  {label:<{width}}  {value}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"  written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
