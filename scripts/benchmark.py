@@ -72,7 +72,7 @@ def main(argv=None):
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
     args = p.parse_args(argv)
-    small, medium = config.load_config("config_small"), config.load_config("config_medium")
+    small = config.load_config("config_small")
     steps = (130, 50) if args.quick else (600, 150)  # (small, medium), at 10 steps a window
     py = [sys.executable]
     mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),

@@ -58,6 +58,7 @@ class RunLog:
         self.baseline = load_baseline(baseline) if baseline else None
         self.output_dir = output_dir
         self.path = os.path.join(output_dir, "metrics.jsonl")
+        self._summaries = None
         if enabled:
             check_writable(output_dir)
 
@@ -70,6 +71,19 @@ class RunLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(event) + "\n")
 
+    def _scalars(self, step, values):
+        """TensorBoard scalars in <output_dir>/tensorboard (`tensorboard --logdir runs`)."""
+        if not self.enabled:
+            return
+        import tensorflow as tf
+        if self._summaries is None:
+            self._summaries = tf.summary.create_file_writer(
+                os.path.join(self.output_dir, "tensorboard"))
+        with self._summaries.as_default(step=step):
+            for tag, value in values.items():
+                tf.summary.scalar(tag, value)
+        self._summaries.flush()
+
     def info(self, line):
         if self.enabled:
             print(f"{PREFIX} {line}", flush=True)
@@ -80,6 +94,8 @@ class RunLog:
                     f"train ppl {train_ppl:.2f} | {wps:.0f} wps | eta {format_duration(eta_s)}",
                     event="progress", epoch=epoch + 1, step=step, lr=lr, train_ppl=train_ppl,
                     wps=wps, loss=loss)
+        self._scalars(epoch * steps + step, {"train/perplexity": train_ppl, "train/lr": lr,
+                                             "train/words_per_sec": wps})
 
     def epoch(self, epoch, step, lr, stats, valid_ppl):
         t = stats["epoch_time_s"]
@@ -93,9 +109,13 @@ class RunLog:
                     event="epoch", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats["train_ppl"], wps=stats["wps"], valid_ppl=valid_ppl,
                     epoch_time_s=t, compute_share=stats["compute_share"], peak_rss_mb=peak_rss_mb())
+        self._scalars(step, {"valid/perplexity": valid_ppl,
+                             "epoch/train_perplexity": stats["train_ppl"],
+                             "epoch/time_s": t, "epoch/words_per_sec": stats["wps"]})
 
     def test(self, epoch, step, lr, stats, test_ppl):
         self._write(f"test ppl {test_ppl:.2f} | after {epoch + 1} epochs",
                     event="test", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats and stats["train_ppl"], wps=stats and stats["wps"],
                     test_ppl=test_ppl)
+        self._scalars(step, {"test/perplexity": test_ppl})
