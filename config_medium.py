@@ -25,3 +25,9 @@ eval_steps = None
 # TF tutorial's 1 x 1 test layout does, in 35 times fewer steps.
 eval_batch_size = 1
 eval_num_steps = 35
+
+# Horovod options (lm_ptb_distributed.py; one process ignores them). See README "Communication".
+scale_lr = False  # multiply learning_rate by the number of workers (batch_size is global: off)
+fp16_allreduce = False  # send dense gradients as float16
+sparse_as_dense = False  # allreduce the embedding gradient as a dense tensor, not allgather it
+timeline = False  # write a Horovod timeline to <output_dir>/timeline.json (rank 0)

@@ -24,7 +24,8 @@ def main(argv=None):
     cfg = config.load_config(args.config, args.set)
     training.set_threads(args.threads or training.available_cores())
     is_chief = True
-    log = logs.RunLog(args.output_dir, args.config, cfg, world_size=1, enabled=is_chief,
+    workers = 1
+    log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
     training.seed_everything(args.seed)
 
@@ -45,10 +46,10 @@ def main(argv=None):
 
     stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
     for epoch in range(start_epoch, cfg["num_epochs"]):
-        lr = training.learning_rate(cfg, epoch)
+        lr = training.learning_rate(cfg, epoch, workers)
         optimizer.learning_rate.assign(lr)
         stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                     log_every=args.log_every)
+                                     log_every=args.log_every, workers=workers)
         step += stats["steps"]
         if is_chief:
             valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
@@ -56,8 +57,8 @@ def main(argv=None):
             checkpoints.save(epoch + 1)
     if is_chief:
         test_ppl = training.evaluate(eval_step, model, *test, cfg)
-        log.test(cfg["num_epochs"] - 1, step, training.learning_rate(cfg, cfg["num_epochs"] - 1),
-                 stats, test_ppl)
+        last = cfg["num_epochs"] - 1
+        log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,17 @@ from utils.model import build_model
 from utils import training
 
 
-def yield_cores_when_idle():
-    """Horovod 2: on CPU hosts the ranks share the cores, so a rank waiting in MPI must yield
-    its core rather than spin on it (spinning cost a third of the 2-rank throughput here).
-    mpirun sets this variable itself (0 unless oversubscribed), so it is overwritten."""
+def set_horovod_env(cfg):
+    """Horovod 2 and 9: settings read once, by hvd.init().
+
+    On CPU hosts the ranks share the cores, so a rank waiting in MPI must yield its core rather
+    than spin on it (spinning cost a third of the 2-rank throughput here); mpirun sets this
+    variable itself (0 unless oversubscribed), so it is overwritten. A timeline started at run
+    time needs HOROVOD_TIMELINE=DYNAMIC."""
     if not tf.config.list_physical_devices("GPU"):
         os.environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if cfg["timeline"]:
+        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
 
 
 def pin_to_local_rank(threads):
@@ -71,6 +76,13 @@ def download_on_chief(data_path):
         raise ptb.DataError(error)
 
 
+def start_timeline(output_dir):
+    """Horovod 9: record what each collective waited for; rank 0 writes the file."""
+    if hvd.rank() == 0:
+        os.makedirs(output_dir, exist_ok=True)
+    hvd.start_timeline(os.path.join(output_dir, "timeline.json"))
+
+
 def average_over_ranks(value):
     """Horovod 8: train perplexity of the global batch, not of rank 0's shard."""
     return hvd.allreduce(value, op=hvd.Average)
@@ -78,14 +90,15 @@ def average_over_ranks(value):
 
 def main(argv=None):
     args = config.parse_args(argv, __doc__)
-    yield_cores_when_idle()  # Horovod 2
+    cfg = config.load_config(args.config, args.set)
+    set_horovod_env(cfg)  # Horovod 2, 9
     hvd.init()  # Horovod 1: start the ranks' background communication
     pin_to_local_rank(args.threads)  # Horovod 2
-    cfg = config.load_config(args.config, args.set)
     ptb.check_shardable(cfg["batch_size"], hvd.size())  # Horovod 5: every rank fails before any collective
     check_same_config(cfg)  # Horovod 7
     is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
-    log = logs.RunLog(args.output_dir, args.config, cfg, world_size=hvd.size(), enabled=is_chief,
+    workers = hvd.size()  # Horovod 5: batch_size is split among them
+    log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
     training.seed_everything(args.seed + hvd.rank())  # Horovod 4: own dropout masks; weights come from rank 0
 
@@ -101,20 +114,24 @@ def main(argv=None):
 
     model = build_model(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)
-    optimizer = hvd.DistributedOptimizer(optimizer)  # Horovod 3: average gradients, then clip
+    optimizer = hvd.DistributedOptimizer(  # Horovod 3: average gradients, then clip
+        optimizer, sparse_as_dense=cfg["sparse_as_dense"],
+        compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
     train_step = training.make_train_step(model, optimizer)
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer)
     start_epoch = checkpoints.start(args.resume) if is_chief else 0
     start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)  # Horovod 4: resume together
     hvd.broadcast_variables(model.variables + [optimizer.iterations], root_rank=0)  # Horovod 4
+    if cfg["timeline"]:
+        start_timeline(args.output_dir)  # Horovod 9
 
     stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
     for epoch in range(start_epoch, cfg["num_epochs"]):
-        lr = training.learning_rate(cfg, epoch)
+        lr = training.learning_rate(cfg, epoch, workers)
         optimizer.learning_rate.assign(lr)
         stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                     log_every=args.log_every,
+                                     log_every=args.log_every, workers=workers,
                                      average=average_over_ranks)  # Horovod 8
         step += stats["steps"]
         if is_chief:
@@ -123,8 +140,8 @@ def main(argv=None):
             checkpoints.save(epoch + 1)
     if is_chief:
         test_ppl = training.evaluate(eval_step, model, *test, cfg)
-        log.test(cfg["num_epochs"] - 1, step, training.learning_rate(cfg, cfg["num_epochs"] - 1),
-                 stats, test_ppl)
+        last = cfg["num_epochs"] - 1
+        log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
 
 
 if __name__ == "__main__":

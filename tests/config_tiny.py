@@ -16,3 +16,9 @@ steps_per_epoch = None
 eval_steps = None
 eval_batch_size = 1
 eval_num_steps = 20
+
+# Horovod options (lm_ptb_distributed.py; one process ignores them). See README "Communication".
+scale_lr = False  # multiply learning_rate by the number of workers (batch_size is global: off)
+fp16_allreduce = False  # send dense gradients as float16
+sparse_as_dense = False  # allreduce the embedding gradient as a dense tensor, not allgather it
+timeline = False  # write a Horovod timeline to <output_dir>/timeline.json (rank 0)

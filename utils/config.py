@@ -27,7 +27,12 @@ SCHEMA = {
     "eval_steps": ((int,), True),
     "eval_batch_size": ((int,), False),
     "eval_num_steps": ((int,), False),
+    "scale_lr": ((bool,), False),
+    "fp16_allreduce": ((bool,), False),
+    "sparse_as_dense": ((bool,), False),
+    "timeline": ((bool,), False),
 }
+FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps"}
@@ -122,7 +127,7 @@ def _check_value(key, value, where):
     names = " or ".join(t.__name__ for t in types) + (" or None" if nullable else "")
     if value is None and nullable:
         return
-    if isinstance(value, bool) or not isinstance(value, types):
+    if isinstance(value, bool) != (key in FLAGS) or not isinstance(value, types):
         raise ConfigError(f"{where}: {key} must be {names}, got {value!r}; "
                           f"valid keys: {', '.join(SCHEMA)}")
     if key in POSITIVE and value <= 0:

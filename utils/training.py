@@ -12,9 +12,11 @@ class TrainingError(Exception):
     """Training cannot go on (NaN loss, say); the message names where and what to do."""
 
 
-def learning_rate(cfg, epoch):
-    """The paper's schedule: constant for max_epoch epochs, then decayed each epoch (epoch from 0)."""
-    return cfg["learning_rate"] * cfg["lr_decay"] ** max(epoch + 1 - cfg["max_epoch"], 0)
+def learning_rate(cfg, epoch, workers=1):
+    """The paper's schedule: constant for max_epoch epochs, then decayed each epoch (epoch from 0).
+    With scale_lr, times the number of workers."""
+    scale = workers if cfg["scale_lr"] else 1
+    return scale * cfg["learning_rate"] * cfg["lr_decay"] ** max(epoch + 1 - cfg["max_epoch"], 0)
 
 
 def make_optimizer(cfg):
@@ -75,7 +77,7 @@ def epoch_steps(cfg, num_windows):
     return num_windows if cap is None else min(num_windows, cap)
 
 
-def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_every=0):
+def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_every=0, workers=1):
     """One pass over the windows x, y ([steps, batch, num_steps]); the LSTM state starts at zero.
 
     `average` turns a local scalar into the mean over workers (None in one process), so the
@@ -109,7 +111,7 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
             elapsed = time.perf_counter() - start
             wps = (step + 1) * words_per_step / elapsed
             steps_left = steps - step - 1 + steps * (cfg["num_epochs"] - epoch - 1)
-            log.progress(epoch, step + 1, steps, learning_rate(cfg, epoch), train_ppl, wps,
+            log.progress(epoch, step + 1, steps, learning_rate(cfg, epoch, workers), train_ppl, wps,
                          eta_s=steps_left * elapsed / (step + 1), loss=recent)
     elapsed = time.perf_counter() - start
     return {"train_ppl": train_ppl, "epoch_time_s": elapsed, "wps": steps * words_per_step / elapsed,

@@ -1,0 +1,48 @@
+"""Horovod communication options, each on real ranks under mpirun."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO, patterned_sentences, write_corpus
+from tests.test_distributed import events, mpirun
+
+TINY = os.path.join(REPO, "tests", "config_tiny.py")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("comm")
+    return str(write_corpus(folder, patterned_sentences(2400, 0), patterned_sentences(200, 1),
+                            patterned_sentences(200, 2)))
+
+
+def run(corpus, out, *sets):
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", str(out), "--log_every", "1",
+            "--set", "num_epochs=1", "--set", "eval_steps=20"]
+    for s in sets:
+        args += ["--set", s]
+    r = mpirun((2, args))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return np.array([e["loss"] for e in events(out, "progress")])
+
+
+def test_fp16_and_sparse_as_dense_train_like_the_default(corpus, tmp_path):
+    base = run(corpus, tmp_path / "base")
+    fp16 = run(corpus, tmp_path / "fp16", "fp16_allreduce=True", "timeline=True")
+    dense = run(corpus, tmp_path / "dense", "sparse_as_dense=True")
+    # allreduce of the embedding gradient as dense instead of allgather: the same numbers
+    np.testing.assert_allclose(dense, base, rtol=1e-4)
+    # float16 on the wire: close, not equal
+    assert np.abs(fp16 - base).max() / base.max() < 2e-2
+    assert not np.array_equal(fp16, base)
+    timeline = open(tmp_path / "fp16" / "timeline.json").read()
+    assert "ALLREDUCE" in timeline or "NEGOTIATE_ALLREDUCE" in timeline
+
+
+def test_scale_lr_multiplies_by_the_workers(corpus, tmp_path):
+    run(corpus, tmp_path / "scaled", "scale_lr=True", "steps_per_epoch=4")
+    assert {e["lr"] for e in events(tmp_path / "scaled", "progress")} == {2.0}
+    lines = [json.loads(l) for l in open(tmp_path / "scaled" / "metrics.jsonl")]
+    assert lines[-1]["config"]["scale_lr"] is True
