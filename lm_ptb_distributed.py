@@ -83,6 +83,25 @@ def start_timeline(output_dir):
     hvd.start_timeline(os.path.join(output_dir, "timeline.json"))
 
 
+def parameter_averaging(model, cfg):
+    """Horovod 3, reduce_type "param": each rank steps on its own shard, and the weights are
+    averaged every param_sync_steps steps and at each epoch end (less communication, somewhat
+    different convergence). None in the default "grad" mode."""
+    if cfg["reduce_type"] != "param":
+        return None
+    weights = model.trainable_variables
+
+    @tf.function
+    def average_weights():
+        for w, mean in zip(weights, hvd.grouped_allreduce(weights, op=hvd.Average)):
+            w.assign(mean)
+
+    def after_step(done, steps):
+        if done % cfg["param_sync_steps"] == 0 or done == steps:
+            average_weights()
+    return after_step
+
+
 def average_over_ranks(value):
     """Horovod 8: train perplexity of the global batch, not of rank 0's shard."""
     return hvd.allreduce(value, op=hvd.Average)
@@ -114,9 +133,10 @@ def main(argv=None):
 
     model = build_model(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)
-    optimizer = hvd.DistributedOptimizer(  # Horovod 3: average gradients, then clip
-        optimizer, sparse_as_dense=cfg["sparse_as_dense"],
-        compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
+    if cfg["reduce_type"] == "grad":  # Horovod 3: average gradients, then clip
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, sparse_as_dense=cfg["sparse_as_dense"],
+            compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
     train_step = training.make_train_step(model, optimizer)
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer)
@@ -132,7 +152,8 @@ def main(argv=None):
         optimizer.learning_rate.assign(lr)
         stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
                                      log_every=args.log_every, workers=workers,
-                                     average=average_over_ranks)  # Horovod 8
+                                     average=average_over_ranks,  # Horovod 8
+                                     after_step=parameter_averaging(model, cfg))  # Horovod 3
         step += stats["steps"]
         if is_chief:
             valid_ppl = training.evaluate(eval_step, model, *valid, cfg)

@@ -46,3 +46,37 @@ def test_scale_lr_multiplies_by_the_workers(corpus, tmp_path):
     assert {e["lr"] for e in events(tmp_path / "scaled", "progress")} == {2.0}
     lines = [json.loads(l) for l in open(tmp_path / "scaled" / "metrics.jsonl")]
     assert lines[-1]["config"]["scale_lr"] is True
+
+
+def test_param_averaging_every_step_equals_gradient_averaging(corpus, tmp_path):
+    # With plain SGD, averaging the weights after every step gives
+    # mean_r(w - lr * g_r) = w - lr * mean_r(g_r): the gradient-averaged update, as long as
+    # clipping does not act (it clips each rank's gradient here, the mean in grad mode), so the
+    # clipping norm is set out of reach.
+    base = run(corpus, tmp_path / "grad", "max_grad_norm=1e9", "steps_per_epoch=30")
+    param = run(corpus, tmp_path / "param", "max_grad_norm=1e9", "steps_per_epoch=30",
+                "reduce_type='param'", "param_sync_steps=1")
+    np.testing.assert_allclose(param, base, rtol=1e-4)
+
+
+def test_param_sync_makes_ranks_equal_only_at_syncs(tmp_path):
+    import subprocess
+    import sys
+    from tests.test_distributed import IS_ROOT
+    r = subprocess.run(["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
+                        "-np", "2", sys.executable, "-m", "tests.param_sync_probe", "3", "7"],
+                       cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ranks = sorted((json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")),
+                   key=lambda d: d["rank"])
+    a, b = ranks[0]["digests"], ranks[1]["digests"]
+    assert len(a) == len(b) == 7
+    synced = [3, 6, 7]  # every 3 steps, and the epoch's last step
+    for step in range(1, 8):
+        assert (a[step - 1] == b[step - 1]) == (step in synced), step
+
+
+def test_bad_reduce_type_is_refused():
+    from utils import config
+    with pytest.raises(config.ConfigError, match="reduce_type must be one of 'grad', 'param'"):
+        config.load_config(TINY, ["reduce_type='params'"])

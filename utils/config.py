@@ -31,11 +31,15 @@ SCHEMA = {
     "fp16_allreduce": ((bool,), False),
     "sparse_as_dense": ((bool,), False),
     "timeline": ((bool,), False),
+    "reduce_type": ((str,), False),
+    "param_sync_steps": ((int,), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
-            "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps"}
+            "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
+            "param_sync_steps"}
+CHOICES = {"reduce_type": ("grad", "param")}
 
 
 class ConfigError(Exception):
@@ -132,6 +136,9 @@ def _check_value(key, value, where):
                           f"valid keys: {', '.join(SCHEMA)}")
     if key in POSITIVE and value <= 0:
         raise ConfigError(f"{where}: {key} must be > 0, got {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"{where}: {key} must be one of {', '.join(map(repr, CHOICES[key]))}, "
+                          f"got {value!r}")
     if key == "keep_prob" and value > 1:
         raise ConfigError(f"{where}: keep_prob must be in (0, 1], got {value!r}")
 

@@ -77,12 +77,14 @@ def epoch_steps(cfg, num_windows):
     return num_windows if cap is None else min(num_windows, cap)
 
 
-def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_every=0, workers=1):
+def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_every=0, workers=1,
+                after_step=None):
     """One pass over the windows x, y ([steps, batch, num_steps]); the LSTM state starts at zero.
 
     `average` turns a local scalar into the mean over workers (None in one process), so the
     perplexity logged is that of the global batch. It is called at the same steps on every
-    worker, since all of them run the same number of steps.
+    worker, since all of them run the same number of steps. `after_step(done, steps)`, if
+    given, runs after each step (parameter averaging, for one).
     """
     steps = epoch_steps(cfg, len(x))
     words_per_step = cfg["batch_size"] * cfg["num_steps"]  # the global batch
@@ -94,6 +96,8 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
     for step in range(steps):
         t0 = time.perf_counter()
         loss, state = train_step(x[step], y[step], state)
+        if after_step:
+            after_step(step + 1, steps)
         pending += loss
         since += 1
         compute_s += time.perf_counter() - t0

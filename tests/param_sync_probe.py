@@ -1,0 +1,48 @@
+"""Run under mpirun by test_communication.py: trains a few steps in reduce_type "param" with
+the trainer's own pieces and prints, per step, a digest of this rank's weights."""
+import hashlib
+import json
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+import lm_ptb_distributed as trainer
+from data import ptb
+from tests.helpers import patterned_sentences
+from utils import config, training
+from utils.model import build_model
+
+
+class NoLog:
+    def progress(self, *a, **k):
+        pass
+
+
+def main(every, steps):
+    hvd.init()
+    cfg = config.load_config("tests/config_tiny.py", [
+        "reduce_type='param'", f"param_sync_steps={every}", f"steps_per_epoch={steps}"])
+    tf.keras.utils.set_random_seed(hvd.rank())
+    words = " <eos> ".join(patterned_sentences(800)).split()
+    ids = ptb.to_ids(words, ptb.build_vocab(words))
+    x, y = (ptb.shard(a, hvd.rank(), hvd.size()) for a in ptb.windows(ids, 20, 10))
+    model = build_model(cfg, int(ids.max()) + 1)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    optimizer = training.make_optimizer(cfg)
+    step_fn = training.make_train_step(model, optimizer)
+    sync = trainer.parameter_averaging(model, cfg)
+    digests = []
+
+    def after_step(done, total):
+        sync(done, total)
+        flat = np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
+        digests.append(hashlib.sha256(flat.tobytes()).hexdigest()[:12])
+    training.train_epoch(step_fn, model, x, y, 0, cfg, NoLog(), log_every=steps,
+                         average=lambda t: hvd.allreduce(t, op=hvd.Average), after_step=after_step)
+    print(json.dumps({"rank": hvd.rank(), "digests": digests}), flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
