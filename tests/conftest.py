@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, patterned_sentences, write_corpus
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +14,11 @@ def ptb_path():
     if missing:
         pytest.fail(f"real PTB files missing from {path}: set PTB_DATA_PATH or run `make data`")
     return path
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A small PTB-format corpus with structure an LSTM learns in a few epochs."""
+    folder = tmp_path_factory.mktemp("corpus")
+    return str(write_corpus(folder, patterned_sentences(2400, 0), patterned_sentences(200, 1),
+                            patterned_sentences(200, 2)))

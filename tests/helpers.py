@@ -1,9 +1,12 @@
-"""Helpers shared by the tests: run a repo script, write small corpora."""
+"""Helpers shared by the tests: run the scripts (alone or under mpirun), write small corpora."""
+import json
 import os
 import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "tests", "config_tiny.py")  # a model that trains in seconds
+IS_ROOT = os.geteuid() == 0
 
 
 def run_script(args, timeout=120, env=None):
@@ -31,3 +34,18 @@ def patterned_sentences(n, seed=0):
     objects = ["the ball", "a tree", "the house", "the river", "a car", "the moon"]
     return [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} today"
             for _ in range(n)]
+
+
+def mpirun(*apps, timeout=180, extra=()):
+    """Run an MPMD job: each app is (nprocs, args for lm_ptb_distributed.py)."""
+    cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
+           "-bind-to", "none", "-x", "PYTHONUNBUFFERED=1", *extra]
+    for i, (n, args) in enumerate(apps):
+        cmd += ([":"] if i else []) + ["-np", str(n), sys.executable,
+                                       "lm_ptb_distributed.py", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def events(run_dir, kind):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [e for e in map(json.loads, f) if e["event"] == kind]

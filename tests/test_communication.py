@@ -1,21 +1,10 @@
 """Horovod communication options, each on real ranks under mpirun."""
 import json
-import os
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, patterned_sentences, write_corpus
-from tests.test_distributed import events, mpirun
-
-TINY = os.path.join(REPO, "tests", "config_tiny.py")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("comm")
-    return str(write_corpus(folder, patterned_sentences(2400, 0), patterned_sentences(200, 1),
-                            patterned_sentences(200, 2)))
+from tests.helpers import REPO, TINY, events, mpirun
 
 
 def run(corpus, out, *sets):

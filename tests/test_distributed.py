@@ -1,6 +1,5 @@
 """Real Horovod ranks under real mpirun, on CPU: equivalence with one process, sharding,
 rank-0-only output, launch errors, and two "hosts" joined by a veth pair."""
-import json
 import os
 import subprocess
 import sys
@@ -10,29 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import REPO, run_script
+from tests.helpers import IS_ROOT, REPO, TINY, events, mpirun, run_script
 
-TINY = os.path.join(REPO, "tests", "config_tiny.py")
-IS_ROOT = os.geteuid() == 0
 # Equivalence: keep_prob 1 and 60 logged steps; one step = 4 rows x 5 tokens of real PTB.
 EQUIV_SET = ["--set", "hidden_size=16", "--set", "batch_size=4", "--set", "num_steps=5",
              "--set", "num_epochs=2", "--set", "max_epoch=1", "--set", "steps_per_epoch=30",
              "--set", "eval_steps=5", "--set", "keep_prob=1.0", "--log_every", "1", "--seed", "7"]
-
-
-def mpirun(*apps, timeout=180, extra=()):
-    """Run an MPMD job: each app is (nprocs, args for lm_ptb_distributed.py)."""
-    cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
-           "-bind-to", "none", "-x", "PYTHONUNBUFFERED=1", *extra]
-    for i, (n, args) in enumerate(apps):
-        cmd += ([":"] if i else []) + ["-np", str(n), sys.executable,
-                                       "lm_ptb_distributed.py", *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
-def events(run_dir, kind):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [e for e in map(json.loads, f) if e["event"] == kind]
 
 
 def checkpoint_weights(run_dir):

@@ -8,17 +8,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, patterned_sentences, run_script, write_corpus
-from tests.test_distributed import IS_ROOT, mpirun
-
-TINY = os.path.join(REPO, "tests", "config_tiny.py")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    return str(write_corpus(folder, patterned_sentences(2400, 0), patterned_sentences(200, 1),
-                            patterned_sentences(200, 2)))
+from tests.helpers import IS_ROOT, REPO, TINY, mpirun, run_script
 
 
 def snapshot(folder):

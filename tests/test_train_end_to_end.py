@@ -8,10 +8,8 @@ import socket
 import pytest
 
 import lm_ptb
-from tests.helpers import REPO, patterned_sentences, run_script, write_corpus
+from tests.helpers import TINY, patterned_sentences, run_script, write_corpus
 from data import ptb
-
-TINY = os.path.join(REPO, "tests", "config_tiny.py")
 
 
 def unigram_perplexity(train_ids, eval_ids):

@@ -11,10 +11,7 @@ import tensorflow as tf
 
 import evaluate
 from data import ptb
-from tests.helpers import REPO, patterned_sentences, write_corpus
-from tests.test_distributed import mpirun
-
-TINY = os.path.join(REPO, "tests", "config_tiny.py")
+from tests.helpers import REPO, TINY, mpirun, patterned_sentences, write_corpus
 
 
 @pytest.fixture(scope="module")

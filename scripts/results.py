@@ -1,0 +1,176 @@
+"""The results table and plots, built only from committed logs under results/.
+
+    python scripts/results.py record NAME full|bounded -- <trainer command ...>
+        runs the command with --output_dir runs/results/NAME, then keeps its metrics.jsonl, the
+        command and an environment record in results/NAME/ (never the checkpoints)
+    python scripts/results.py build      # = make results
+        rewrites the table between the results markers in README.md and results/*.png
+"""
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "results")
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+TRAIN_TOKENS = 929589  # ptb.train.txt with <eos>; checked by tests/test_reader.py
+
+
+def record(name, kind, command):
+    out = os.path.join(REPO, "runs", "results", name)
+    if os.path.exists(out):
+        sys.exit(f"error: {out} exists; remove it or pick another NAME")
+    full = [*command, "--output_dir", out]
+    env = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "record_env.py")],
+                         capture_output=True, text=True, check=True).stdout
+    if subprocess.run(full, cwd=REPO).returncode:
+        sys.exit(f"error: the run failed: {shlex.join(full)}")
+    keep(name, kind, shlex.join(full), out, json.loads(env))
+
+
+def keep(name, kind, command, run_dir, env):
+    folder = os.path.join(RESULTS, name)
+    os.makedirs(folder, exist_ok=True)
+    shutil.copy(os.path.join(run_dir, "metrics.jsonl"), folder)
+    with open(os.path.join(folder, "run.json"), "w") as f:
+        json.dump({"kind": kind, "command": command, "env": env}, f, indent=1)
+
+
+def load(name):
+    folder = os.path.join(RESULTS, name)
+    with open(os.path.join(folder, "run.json")) as f:
+        run = json.load(f)
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        events = [json.loads(line) for line in f]
+    run.update(name=name, events=events, config=events[0]["config"],
+               workers=events[0]["world_size"])
+    return run
+
+
+def full_epoch_steps(cfg):
+    return (TRAIN_TOKENS // cfg["batch_size"] - 1) // cfg["num_steps"]
+
+
+def epoch_time(run):
+    """Median seconds per epoch: measured epochs, or step time x steps of a full epoch."""
+    if run["kind"] == "full":
+        return statistics.median(e["epoch_time_s"] for e in run["events"] if e["event"] == "epoch")
+    progress = [e for e in run["events"] if e["event"] == "progress"]
+    step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"])
+              for a, b in zip(progress, progress[1:]) if b["step"] > a["step"]]
+    return statistics.median(step_s) * full_epoch_steps(run["config"])
+
+
+def last(run, event, key):
+    values = [e[key] for e in run["events"] if e["event"] == event]
+    return values[-1] if values else None
+
+
+def fmt(x, spec=".1f"):
+    return "—" if x is None else format(x, spec)
+
+
+def table(runs):
+    by = {(r["config"]["name"], r["kind"], r["workers"]): r for r in runs}
+    rows = ["| config | run | epochs | train ppl | valid ppl | test ppl | time/epoch, 2 workers "
+            "| time/epoch, 1 process | speedup |", "|" + " --- |" * 9]
+    for name in ("config_small", "config_medium", "config_large"):
+        for kind in ("full", "bounded"):
+            single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
+            if not (single or dist):
+                continue
+            shown = dist or single
+            epochs = sum(e["event"] == "epoch" for e in shown["events"])
+            t1 = epoch_time(single) if single else None
+            t2 = epoch_time(dist) if dist else None
+            speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
+            label = "full" if kind == "full" else "bounded (time from the first steps)"
+            rows.append(f"| {name.replace('config_', '')} | {label} | "
+                        f"{epochs if kind == 'full' else '—'} | "
+                        f"{fmt(last(shown, 'epoch', 'train_ppl') if kind == 'full' else None, '.2f')} | "
+                        f"{fmt(last(shown, 'epoch', 'valid_ppl') if kind == 'full' else None, '.2f')} | "
+                        f"{fmt(last(shown, 'test', 'test_ppl') if kind == 'full' else None, '.2f')} | "
+                        f"{fmt(t2)} s | {fmt(t1)} s | {speedup} |")
+    return rows
+
+
+def provenance(runs):
+    lines = []
+    for r in sorted(runs, key=lambda r: r["name"]):
+        env = r["env"]
+        lines.append(f"- `results/{r['name']}` ({r['kind']}, {r['workers']} worker"
+                     f"{'s' if r['workers'] > 1 else ''}; {env['date_utc']} UTC, {env['cpu']}, "
+                     f"{env['cores']} cores, TF {env['tensorflow']}, Horovod {env['horovod']}, "
+                     f"commit {env['commit']}): `{r['command']}`")
+    return lines
+
+
+def plots(runs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    full = [r for r in runs if r["kind"] == "full" and r["config"]["name"] == "config_small"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in sorted(full, key=lambda r: r["workers"]):
+        epochs = [e for e in r["events"] if e["event"] == "epoch"]
+        label = f"{r['workers']} worker{'s' if r['workers'] > 1 else ''}"
+        ax.plot([e["epoch"] for e in epochs], [e["train_ppl"] for e in epochs], "--", label=f"train, {label}")
+        ax.plot([e["epoch"] for e in epochs], [e["valid_ppl"] for e in epochs], "-o", label=f"valid, {label}")
+    ax.set(xlabel="epoch", ylabel="perplexity", yscale="log", title="PTB small: perplexity per epoch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, "perplexity.png"), dpi=100)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("config_small", "config_medium", "config_large"):
+        points = sorted((r["workers"], statistics.median(
+            [e["wps"] for e in r["events"] if e["event"] == "progress"][1:] or [0]))
+            for r in runs if r["config"]["name"] == name)
+        if points:
+            ax.plot(*zip(*points), "-o", label=name.replace("config_", ""))
+    ax.set(xlabel="workers (one host, 2 cores)", ylabel="words/sec", xticks=[1, 2],
+           title="Throughput against the number of workers")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, "wps.png"), dpi=100)
+
+
+def build():
+    runs = [load(n) for n in sorted(os.listdir(RESULTS))
+            if os.path.isfile(os.path.join(RESULTS, n, "run.json"))]
+    if not runs:
+        sys.exit("error: no runs under results/; record some first")
+    plots(runs)
+    block = "\n".join([BEGIN, *table(runs), "", "Runs (command, date, machine):", "",
+                       *provenance(runs), END])
+    path = os.path.join(REPO, "README.md")
+    with open(path) as f:
+        text = f.read()
+    if BEGIN not in text:
+        sys.exit(f"error: README.md has no {BEGIN} marker")
+    head, rest = text.split(BEGIN, 1)
+    with open(path, "w") as f:
+        f.write(head + block + rest.split(END, 1)[1])
+    print(f"README.md table and results/*.png rebuilt from {len(runs)} runs")
+
+
+def main(argv):
+    if argv[:1] == ["build"]:
+        build()
+    elif argv[:1] == ["record"] and len(argv) > 4 and argv[2] in ("full", "bounded") \
+            and argv[3] == "--":
+        record(argv[1], argv[2], argv[4:])
+    elif argv[:1] == ["keep"] and len(argv) == 5:  # adopt a run made by hand: NAME KIND DIR CMD
+        env = json.loads(subprocess.run([sys.executable, os.path.join(REPO, "scripts",
+                                                                      "record_env.py")],
+                                        capture_output=True, text=True, check=True).stdout)
+        keep(argv[1], argv[2], argv[4], argv[3], env)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
