@@ -45,6 +45,48 @@ def matmul_gflops(n=2048, reps=10):
     return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
+def profile_small(reps=15):
+    """Where a small-config train step's time goes: the real step, and its parts alone."""
+    import numpy as np
+    import tensorflow as tf
+    from utils import training
+    from utils.model import build_model, sequence_loss, unrolled_lstm
+    cfg = config.load_config("config_small")
+    b, t, h = cfg["batch_size"], cfg["num_steps"], cfg["hidden_size"]
+    model = build_model(cfg, VOCAB)
+    step = training.make_train_step(model, training.make_optimizer(cfg))
+    x = tf.constant(np.random.RandomState(0).randint(0, VOCAB, (b, t)), tf.int32)
+    hidden = tf.random.normal([b, t, h])
+    state = model.zero_state(b)
+
+    def fwd_bwd(fn, variables):
+        @tf.function
+        def run():
+            with tf.GradientTape() as tape:
+                loss = fn()
+            return tape.gradient(loss, variables)
+        return run
+
+    parts = {
+        "whole train step": lambda: step(x, x, state),
+        "softmax projection + loss, fwd+bwd": fwd_bwd(
+            lambda: sequence_loss(model.softmax(hidden), x), model.softmax.trainable_variables),
+        "one LSTM layer (unrolled), fwd+bwd": fwd_bwd(
+            lambda: tf.reduce_sum(unrolled_lstm(model.lstms[0].cell, hidden, *state[0])[0]),
+            model.lstms[0].trainable_variables),
+    }
+    times = {}
+    for name, fn in parts.items():
+        fn()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, "numpy") else v, fn())
+            samples.append(time.perf_counter() - t0)
+        times[name] = 1000 * statistics.median(samples)
+    return times
+
+
 def run_trainer(launcher, config_name, steps, log_every, data_path, extra=()):
     """Run a trainer for `steps` steps; returns (median window wps, windows, peak RSS MB)."""
     with tempfile.TemporaryDirectory() as out:
@@ -81,8 +123,9 @@ def main(argv=None):
     cores = len(os.sched_getaffinity(0))
 
     gflops = matmul_gflops()
+    profile = profile_small()
     ceiling = gflops * 1e9 / flops_per_word(small)
-    rows, result = [], {"cores": cores, "matmul_gflops": gflops,
+    rows, result = [], {"cores": cores, "matmul_gflops": gflops, "small_step_profile_ms": profile,
                         "small_flops_per_word": flops_per_word(small), "small_wps_ceiling": ceiling}
     runs = {
         "small_single_all_cores": (py + ["lm_ptb.py"], "config_small", steps[0], ()),
@@ -114,6 +157,7 @@ def main(argv=None):
         ("peak RSS, small single / per rank", f"{result['small_single_all_cores']['peak_rss_mb']:,.0f}"
                                                f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
     ]
+    rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
     width = max(len(r[0]) for r in rows)
     print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores)")
     for label, value in rows:
