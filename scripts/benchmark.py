@@ -87,6 +87,44 @@ def profile_small(reps=15):
     return times
 
 
+def ablations(reps=15):
+    """The two CPU choices of utils/model.py against what they replaced, forward + backward."""
+    import numpy as np
+    import tensorflow as tf
+    from utils.model import sequence_loss, unrolled_lstm
+
+    def timed(fn, variables):
+        @tf.function
+        def run():
+            with tf.GradientTape() as tape:
+                loss = fn()
+            return tape.gradient(loss, variables)
+        run()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            [g.numpy() for g in run()]
+            samples.append(time.perf_counter() - t0)
+        return 1000 * statistics.median(samples)
+
+    logits = tf.Variable(tf.random.normal([20, 20, VOCAB]))
+    targets = tf.constant(np.random.RandomState(0).randint(0, VOCAB, (20, 20)), tf.int32)
+    sparse = lambda: tf.reduce_sum(tf.reduce_mean(  # noqa: E731
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits), 0))
+    out = {"loss: sparse_softmax_cross_entropy": timed(sparse, [logits]),
+           "loss: logsumexp - target logit": timed(lambda: sequence_loss(logits, targets), [logits])}
+    for label, steps, hidden in (("small", 20, 200), ("medium", 35, 650)):
+        lstm = tf.keras.layers.LSTM(hidden, return_sequences=True, return_state=True)
+        x = tf.random.normal([20, steps, hidden])
+        h = c = tf.zeros([20, hidden])
+        lstm(x)
+        out[f"LSTM layer {label}: tf.keras.layers.LSTM"] = timed(
+            lambda: tf.reduce_sum(lstm(x, initial_state=[h, c])[0]), lstm.trainable_variables)
+        out[f"LSTM layer {label}: unrolled"] = timed(
+            lambda: tf.reduce_sum(unrolled_lstm(lstm.cell, x, h, c)[0]), lstm.trainable_variables)
+    return out
+
+
 def run_trainer(launcher, config_name, steps, log_every, data_path, extra=()):
     """Run a trainer for `steps` steps; returns (median window wps, windows, peak RSS MB)."""
     with tempfile.TemporaryDirectory() as out:
@@ -124,8 +162,10 @@ def main(argv=None):
 
     gflops = matmul_gflops()
     profile = profile_small()
+    ablation = ablations()
     ceiling = gflops * 1e9 / flops_per_word(small)
     rows, result = [], {"cores": cores, "matmul_gflops": gflops, "small_step_profile_ms": profile,
+                        "ablation_fwd_bwd_ms": ablation,
                         "small_flops_per_word": flops_per_word(small), "small_wps_ceiling": ceiling}
     runs = {
         "small_single_all_cores": (py + ["lm_ptb.py"], "config_small", steps[0], ()),
@@ -158,6 +198,7 @@ def main(argv=None):
                                                f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
     ]
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
+    rows += [(f"fwd+bwd {name}", f"{ms:.1f} ms") for name, ms in ablation.items()]
     width = max(len(r[0]) for r in rows)
     print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores)")
     for label, value in rows:
