@@ -25,6 +25,9 @@ eval_steps = None
 # TF tutorial's 1 x 1 test layout does, in 35 times fewer steps.
 eval_batch_size = 1
 eval_num_steps = 35
+# Gradient accumulation: each worker's rows run as this many slices, one backward pass each,
+# and the summed gradient makes one update: the same step with less activation memory.
+backward_passes_per_step = 1
 
 # Horovod options (lm_ptb_distributed.py; one process ignores them). See README "Communication".
 scale_lr = False  # multiply learning_rate by the number of workers (batch_size is global: off)

@@ -25,6 +25,7 @@ def main(argv=None):
     training.set_threads(args.threads or training.available_cores())
     is_chief = True
     workers = 1
+    ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
     training.seed_everything(args.seed)
@@ -39,7 +40,7 @@ def main(argv=None):
 
     model = build_model(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)
-    train_step = training.make_train_step(model, optimizer)
+    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"])
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer)
     start_epoch = checkpoints.start(args.resume) if is_chief else 0

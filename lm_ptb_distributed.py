@@ -113,10 +113,11 @@ def main(argv=None):
     set_horovod_env(cfg)  # Horovod 2, 9
     hvd.init()  # Horovod 1: start the ranks' background communication
     pin_to_local_rank(args.threads)  # Horovod 2
-    ptb.check_shardable(cfg["batch_size"], hvd.size())  # Horovod 5: every rank fails before any collective
-    check_same_config(cfg)  # Horovod 7
     is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
     workers = hvd.size()  # Horovod 5: batch_size is split among them
+    # Horovod 5: every rank checks the split before any collective, so none waits for one that quit
+    ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
+    check_same_config(cfg)  # Horovod 7
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
     training.seed_everything(args.seed + hvd.rank())  # Horovod 4: own dropout masks; weights come from rank 0
@@ -137,7 +138,7 @@ def main(argv=None):
         optimizer = hvd.DistributedOptimizer(
             optimizer, sparse_as_dense=cfg["sparse_as_dense"],
             compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
-    train_step = training.make_train_step(model, optimizer)
+    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"])
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer)
     start_epoch = checkpoints.start(args.resume) if is_chief else 0

@@ -211,13 +211,18 @@ def windows(ids, batch_size, num_steps, name="data"):
     return np.ascontiguousarray(x), np.ascontiguousarray(y)
 
 
-def check_shardable(batch_size, size):
+def check_shardable(batch_size, size, passes=1):
+    """batch_size rows must split evenly among `size` workers and then into `passes` slices."""
     if size > batch_size:
         raise DataError(f"{size} workers but batch_size={batch_size}: more workers than batch rows; "
                         f"use at most {batch_size} workers or raise batch_size")
     if batch_size % size:
         raise DataError(f"batch_size={batch_size} is not divisible by {size} workers; use a worker "
                         f"count that divides it or --set batch_size=<multiple of {size}>")
+    if (batch_size // size) % passes:
+        raise DataError(f"{batch_size // size} rows per worker (batch_size={batch_size}, {size} "
+                        f"workers) do not split into backward_passes_per_step={passes} slices; "
+                        "choose a divisor of the rows per worker")
 
 
 def shard(batch, rank, size):

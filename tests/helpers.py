@@ -49,3 +49,10 @@ def mpirun(*apps, timeout=180, extra=()):
 def events(run_dir, kind):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [e for e in map(json.loads, f) if e["event"] == kind]
+
+
+def checkpoint_weights(run_dir):
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith("model/")}

@@ -69,3 +69,21 @@ def test_bad_reduce_type_is_refused():
     from utils import config
     with pytest.raises(config.ConfigError, match="reduce_type must be one of 'grad', 'param'"):
         config.load_config(TINY, ["reduce_type='params'"])
+
+
+def test_two_passes_at_half_the_batch_equal_one_pass_at_the_full_batch(corpus, tmp_path):
+    from tests.helpers import checkpoint_weights
+    one = run(corpus, tmp_path / "one", "steps_per_epoch=30")
+    two = run(corpus, tmp_path / "two", "steps_per_epoch=30", "backward_passes_per_step=2")
+    np.testing.assert_allclose(two, one, rtol=1e-5)
+    a, b = checkpoint_weights(tmp_path / "one"), checkpoint_weights(tmp_path / "two")
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_passes_that_do_not_divide_the_rows_are_refused(corpus, tmp_path):
+    r = mpirun((2, ["--config", TINY, "--data_path", corpus, "--output_dir", str(tmp_path / "x"),
+                    "--set", "backward_passes_per_step=3"]), timeout=120)
+    assert r.returncode != 0
+    assert "10 rows per worker (batch_size=20, 2 workers) do not split into " \
+           "backward_passes_per_step=3 slices" in r.stderr

@@ -7,20 +7,13 @@ import uuid
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from tests.helpers import IS_ROOT, REPO, TINY, events, mpirun, run_script
+from tests.helpers import IS_ROOT, REPO, TINY, checkpoint_weights, events, mpirun, run_script
 
 # Equivalence: keep_prob 1 and 60 logged steps; one step = 4 rows x 5 tokens of real PTB.
 EQUIV_SET = ["--set", "hidden_size=16", "--set", "batch_size=4", "--set", "num_steps=5",
              "--set", "num_epochs=2", "--set", "max_epoch=1", "--set", "steps_per_epoch=30",
              "--set", "eval_steps=5", "--set", "keep_prob=1.0", "--log_every", "1", "--seed", "7"]
-
-
-def checkpoint_weights(run_dir):
-    reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith("model/")}
 
 
 def test_two_ranks_equal_one_process_and_only_rank0_writes(ptb_path, tmp_path):

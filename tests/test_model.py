@@ -124,3 +124,24 @@ def test_loss_trajectory_matches_the_reference_implementation(ptb_path, tmp_path
     assert len(losses) == len(ref["losses"]) == 60
     rel = np.abs(np.array(losses) - ref["losses"]) / np.abs(ref["losses"])
     assert rel.max() < 1e-3, rel.max()
+
+
+def test_accumulating_step_splits_the_rows_and_matches_one_pass():
+    from utils import training
+    cfg = dict(config.load_config("config_small"), hidden_size=12)
+    x = tf.constant(np.random.RandomState(5).randint(0, 30, size=(4, 6)), tf.int32)
+    results = []
+    for passes in (1, 2):
+        tf.keras.utils.set_random_seed(5)
+        m = build_model(cfg, 30)
+        step = training.make_train_step(m, training.make_optimizer(cfg), passes)
+        loss, state = step(x, x, m.zero_state(4))
+        results.append((float(loss), state[1][0].numpy(), [v.numpy() for v in m.variables]))
+        if passes == 2:  # three rows cannot be cut in two: the rows really are split
+            with pytest.raises(ValueError, match="evenly divisible by 2"):
+                step(x[:3], x[:3], m.zero_state(3))
+    (l1, s1, w1), (l2, s2, w2) = results
+    assert l2 == pytest.approx(l1, rel=1e-6)
+    np.testing.assert_allclose(s2, s1, rtol=1e-5, atol=1e-6)
+    for a, b in zip(w1, w2):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

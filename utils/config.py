@@ -33,12 +33,13 @@ SCHEMA = {
     "timeline": ((bool,), False),
     "reduce_type": ((str,), False),
     "param_sync_steps": ((int,), False),
+    "backward_passes_per_step": ((int,), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
-            "param_sync_steps"}
+            "param_sync_steps", "backward_passes_per_step"}
 CHOICES = {"reduce_type": ("grad", "param")}
 
 

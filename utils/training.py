@@ -45,7 +45,12 @@ def seed_everything(seed):
     tf.keras.utils.set_random_seed(seed)
 
 
-def make_train_step(model, optimizer):
+def make_train_step(model, optimizer, passes=1):
+    """The compiled train step; `passes` > 1 accumulates gradients over that many slices of the
+    batch rows (backward_passes_per_step): the same update, 1/passes of the activations."""
+    if passes > 1:
+        return _make_accumulating_step(model, optimizer, passes)
+
     @tf.function
     def train_step(x, y, state):
         with tf.GradientTape() as tape:
@@ -57,6 +62,47 @@ def make_train_step(model, optimizer):
         optimizer.minimize(loss, model.trainable_variables, tape=tape)
         return loss, state
     return train_step
+
+
+def _make_accumulating_step(model, optimizer, passes):
+    variables = model.trainable_variables
+
+    @tf.function
+    def train_step(x, y, state):
+        xs, ys = tf.split(x, passes), tf.split(y, passes)
+        states = [tf.nest.map_structure(lambda t: tf.split(t, passes)[k], state)
+                  for k in range(passes)]
+        total, grads = 0.0, None
+        for k in range(passes):
+            with tf.GradientTape() as tape:
+                logits, states[k] = model(xs[k], states[k], training=True)
+                loss = sequence_loss(logits, ys[k]) / passes
+            g = tape.gradient(loss, variables)
+            grads = g if grads is None else [_add(a, b) for a, b in zip(grads, g)]
+            total += loss
+        # Hand the summed gradient to minimize() as the gradient of a linear surrogate, so that
+        # a wrapped optimizer (Horovod's) averages it over the ranks exactly as it would a
+        # loss's gradient, then clips and applies it once.
+        with tf.GradientTape() as tape:
+            surrogate = tf.add_n([_dot(g, v) for g, v in zip(grads, variables)])
+        optimizer.minimize(surrogate, variables, tape=tape)
+        state = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *states)
+        return total, state
+    return train_step
+
+
+def _add(a, b):
+    if isinstance(a, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                                tf.concat([a.indices, b.indices], 0), a.dense_shape)
+    return a + b
+
+
+def _dot(g, v):
+    """A scalar whose gradient with respect to v is g (an IndexedSlices stays one)."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.reduce_sum(tf.stop_gradient(g.values) * tf.gather(v, g.indices))
+    return tf.reduce_sum(tf.stop_gradient(g) * v)
 
 
 def make_eval_step(model):
