@@ -3,11 +3,11 @@ rank-0-only output, launch errors, and two "hosts" joined by a veth pair."""
 import os
 import subprocess
 import sys
-import uuid
 
 import numpy as np
 import pytest
 
+from scripts import twohosts
 from tests.helpers import IS_ROOT, REPO, TINY, checkpoint_weights, events, mpirun, run_script
 
 # Equivalence: keep_prob 1 and 60 logged steps; one step = 4 rows x 5 tokens of real PTB.
@@ -65,58 +65,33 @@ def test_rank_with_another_config_stops_all(ptb_path, tmp_path):
     assert "give every rank the same --config and --set" in r.stderr
 
 
-def sh(*cmd):
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
-def two_hosts():
-    """Two network namespaces joined by a veth pair, on addresses of TEST-NET-1 (RFC 5737)."""
+def hosts():
     if not IS_ROOT:
         if os.environ.get("CI"):
             pytest.fail("the two-host test needs root (ip netns) and must run in CI")
         pytest.skip("needs root for ip netns")
-    tag = uuid.uuid4().hex[:6]
-    hosts = [(f"ptb{tag}a", "192.0.2.1"), (f"ptb{tag}b", "192.0.2.2")]
-    veths = [f"vp{tag}a", f"vp{tag}b"]
-    try:
-        for ns, _ in hosts:
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", veths[0], "type", "veth", "peer", "name", veths[1])
-        for (ns, addr), veth in zip(hosts, veths):
-            sh("ip", "link", "set", veth, "netns", ns)
-            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
-            sh("ip", "-n", ns, "link", "set", veth, "up")
-        yield hosts
-    finally:
-        for ns, _ in hosts:  # deleting a namespace deletes its end of the veth pair too
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with twohosts.two_hosts() as made:
+        yield made
 
 
-def test_two_hosts_over_veth(ptb_path, tmp_path, two_hosts):
-    (ns_a, addr_a), (ns_b, addr_b) = two_hosts
+def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
     out = tmp_path / "run"
     marker = tmp_path / "netns"
     marker.mkdir()
-    cmd = ["ip", "netns", "exec", ns_a, "mpirun", "--allow-run-as-root",
-           "-np", "2", "-H", f"{addr_a}:1,{addr_b}:1", "-bind-to", "none", "-map-by", "slot",
-           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONUNBUFFERED=1",
-           "-mca", "plm_rsh_agent", os.path.join(REPO, "scripts", "netns_rsh"),
-           "-mca", "pml", "ob1", "-mca", "btl", "tcp,self",
-           "-mca", "btl_tcp_if_include", "192.0.2.0/24", "-mca", "oob_tcp_if_include", "192.0.2.0/24",
-           "-wdir", REPO, "sh", "-c",
-           f'readlink /proc/self/ns/net > {marker}/rank$OMPI_COMM_WORLD_RANK && exec "$0" "$@"',
-           sys.executable, "lm_ptb_distributed.py", "--config", TINY, "--data_path", ptb_path,
-           "--output_dir", str(out), "--set", "steps_per_epoch=20", "--set", "num_epochs=1",
-           "--set", "eval_steps=5"]
+    record_netns = ["sh", "-c", f'readlink /proc/self/ns/net > {marker}/rank$OMPI_COMM_WORLD_RANK'
+                                ' && exec "$0" "$@"']
+    cmd = twohosts.mpirun_command(hosts, [
+        "--config", TINY, "--data_path", ptb_path, "--output_dir", str(out),
+        "--set", "steps_per_epoch=20", "--set", "num_epochs=1", "--set", "eval_steps=5"],
+        wrapper=record_netns)
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
-    namespaces = {p: (marker / p).read_text().strip() for p in ("rank0", "rank1")}
-    ns_ids = {ns: os.readlink(f"/run/netns/{ns}") if os.path.islink(f"/run/netns/{ns}") else
-              subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
-                             capture_output=True, text=True).stdout.strip() for ns in (ns_a, ns_b)}
-    assert namespaces == {"rank0": ns_ids[ns_a], "rank1": ns_ids[ns_b]}
+    ranks = {p: (marker / p).read_text().strip() for p in ("rank0", "rank1")}
+    namespaces = [subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
+                                 capture_output=True, text=True).stdout.strip()
+                  for ns, _, _ in hosts]
+    assert ranks == {"rank0": namespaces[0], "rank1": namespaces[1]} and len(set(namespaces)) == 2
     test_event = events(out, "test")[0]
     assert test_event["world_size"] == 2 and test_event["test_ppl"] > 0
 
