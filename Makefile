@@ -12,7 +12,7 @@ RUN_DIR = runs/$(CONFIG)-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup data single bench bench-quick results
+.PHONY: train test setup data single bench bench-quick results netstudy
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -39,3 +39,6 @@ bench-quick: setup data
 
 results: setup
 	$(PY) scripts/results.py build
+
+netstudy: setup data
+	$(PY) scripts/netstudy.py --data_path $(PTB_DATA_PATH)

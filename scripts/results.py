@@ -17,6 +17,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "results")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+NET_BEGIN, NET_END = "<!-- netstudy:begin -->", "<!-- netstudy:end -->"
 TRAIN_TOKENS = 929589  # ptb.train.txt with <eos>; checked by tests/test_reader.py
 
 
@@ -138,22 +139,60 @@ def plots(runs):
     fig.savefig(os.path.join(RESULTS, "wps.png"), dpi=100)
 
 
+def netstudy_block():
+    path = os.path.join(RESULTS, "netstudy.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        study = json.load(f)
+    lines = [f"Measured by `{study['command']}` (2 ranks, one per namespace, one core each; "
+             "efficiency = one process's step time / (2 × the 2-worker step time)):", "",
+             "| config | link | variant | ms/step | efficiency | MB sent/step, model | "
+             "MB sent/step, measured |", "|" + " --- |" * 7]
+    for r in study["rows"]:
+        measured = r["bytes_per_step_measured"]
+        lines.append(f"| {r['config'].replace('config_', '')} | {r['link']} | {r['variant']} | "
+                     f"{r['step_ms']:.0f} | {r['efficiency']:.2f} | "
+                     f"{r['bytes_per_step_predicted'] / 1e6:.2f} | "
+                     f"{'—' if measured is None else format(measured / 1e6, '.2f')} |")
+    lines += ["", "**Projection** (ring-allreduce cost model fitted to the measured steps, not a "
+              "measurement; rows per worker as measured, 50 µs assumed per message): compute "
+              "share of the step at 8 and 64 workers.", "",
+              "| config | variant | workers | 10 Gbit/s | 1 Gbit/s | 100 Mbit/s |",
+              "|" + " --- |" * 6]
+    keyed = {}
+    for r in study["projection"]:
+        keyed.setdefault((r["config"], r["variant"], r["workers"]), {})[r["link"]] = r
+    for (name, variant, workers), by_link in keyed.items():
+        cells = " | ".join(f"{by_link[l]['efficiency']:.2f}" if l in by_link else "—"
+                           for l in ("10 Gbit/s", "1 Gbit/s", "100 Mbit/s"))
+        lines.append(f"| {name.replace('config_', '')} | {variant} | {workers} | {cells} |")
+    return lines
+
+
+def replace_block(text, begin, end, lines):
+    if begin not in text:
+        sys.exit(f"error: README.md has no {begin} marker")
+    head, rest = text.split(begin, 1)
+    return head + "\n".join([begin, *lines, end]) + rest.split(end, 1)[1]
+
+
 def build():
     runs = [load(n) for n in sorted(os.listdir(RESULTS))
             if os.path.isfile(os.path.join(RESULTS, n, "run.json"))]
     if not runs:
         sys.exit("error: no runs under results/; record some first")
     plots(runs)
-    block = "\n".join([BEGIN, *table(runs), "", "Runs (command, date, machine):", "",
-                       *provenance(runs), END])
     path = os.path.join(REPO, "README.md")
     with open(path) as f:
         text = f.read()
-    if BEGIN not in text:
-        sys.exit(f"error: README.md has no {BEGIN} marker")
-    head, rest = text.split(BEGIN, 1)
+    text = replace_block(text, BEGIN, END,
+                         [*table(runs), "", "Runs (command, date, machine):", "", *provenance(runs)])
+    study = netstudy_block()
+    if study:
+        text = replace_block(text, NET_BEGIN, NET_END, study)
     with open(path, "w") as f:
-        f.write(head + block + rest.split(END, 1)[1])
+        f.write(text)
     print(f"README.md table and results/*.png rebuilt from {len(runs)} runs")
 
 

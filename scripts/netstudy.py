@@ -1,0 +1,197 @@
+"""Network study: what the link between two hosts costs, and what each option saves.
+
+    make netstudy        # as root: .venv/bin/python scripts/netstudy.py [--quick]
+
+Runs lm_ptb_distributed.py as two "hosts" (network namespaces joined by a veth pair), the link
+shaped with tc's token bucket to each bandwidth, for the small and medium configs and each
+communication variant. For every run it reports the median step time (windows of the trainer's
+progress events), the scaling efficiency against one process on one core with the whole
+global batch, and the bytes rank 0 sends per step: computed from the model, and measured on the
+veth's counters while training. Writes results/netstudy.json and results/netstudy.png.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from scripts import twohosts  # noqa: E402
+from utils import config  # noqa: E402
+from utils.config import DEFAULT_DATA_PATH  # noqa: E402
+
+VOCAB = 10000
+RATES_MBIT = {"10 Gbit/s": 10000, "1 Gbit/s": 1000, "100 Mbit/s": 100}
+VARIANTS = {  # name -> --set items
+    "grad": [],
+    "grad + fp16": ["fp16_allreduce=True"],
+    "grad + sparse_as_dense": ["sparse_as_dense=True"],
+    "param k=10": ["reduce_type='param'", "param_sync_steps=10"],
+    "param k=100": ["reduce_type='param'", "param_sync_steps=100"],
+}
+
+
+def sizes(cfg, vocab=VOCAB):
+    """Parameter counts: the embedding, and the dense rest (LSTMs and softmax)."""
+    h, layers = cfg["hidden_size"], cfg["num_layers"]
+    dense = layers * (2 * h * 4 * h + 4 * h) + h * vocab + vocab
+    return vocab * h, dense
+
+
+def predicted_bytes(cfg, variant, workers=2):
+    """Bytes one rank sends per step: ring allreduce sends 2(N-1)/N of the buffer, an
+    allgather the rank's own rows (float32 values plus int64 indices) to each other rank."""
+    embedding, dense = sizes(cfg)
+    ring = 2 * (workers - 1) / workers
+    rows = cfg["batch_size"] // workers * cfg["num_steps"]
+    gather = (workers - 1) * rows * (cfg["hidden_size"] * 4 + 8)
+    sets = VARIANTS[variant]
+    if "reduce_type='param'" in sets:
+        k = int(sets[1].split("=")[1])
+        return ring * 4 * (embedding + dense) / k
+    if "sparse_as_dense=True" in sets:
+        return ring * 4 * (embedding + dense)
+    return ring * (2 if "fp16_allreduce=True" in sets else 4) * dense + gather
+
+
+def run(command, out, host=None):
+    """Run a trainer; returns (median step seconds, measured bytes per step or None)."""
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    samples, metrics = [], os.path.join(out, "metrics.jsonl")
+    while proc.poll() is None:
+        if host and os.path.exists(metrics):
+            with open(metrics) as f:
+                lines = f.readlines()
+            try:
+                samples.append((json.loads(lines[-1])["step"], twohosts.tx_bytes(host)))
+            except (IndexError, ValueError):  # nothing yet, or a line being written
+                pass
+        time.sleep(0.05)
+    if proc.returncode:
+        raise SystemExit(f"run failed: {' '.join(command)}\n{proc.stderr.read().decode()[-2000:]}")
+    with open(metrics) as f:
+        progress = [e for e in map(json.loads, f) if e["event"] == "progress"]
+    step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(progress, progress[1:])]
+    measured = None
+    # Counter readings taken after the first window (warm-up, broadcast) up to the last step
+    # (before evaluation), so only training steps' traffic counts.
+    after = [s for s in samples if progress[1]["step"] <= s[0] <= progress[-1]["step"]]
+    if host and len(after) > 1 and after[-1][0] > after[0][0]:
+        measured = (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
+    return statistics.median(step_s[1:] or step_s), measured
+
+
+def trainer_args(config_name, steps, data_path, out, sets):
+    args = ["--config", config_name, "--data_path", data_path, "--output_dir", out,
+            "--set", f"steps_per_epoch={steps}", "--set", "num_epochs=1", "--set", "eval_steps=1",
+            "--log_every", str(max(1, steps // 6)), "--threads", "1"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small config, 1 and 0.1 Gbit/s only")
+    p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("error: the network study needs root (ip netns, tc); run it as root")
+    configs = {"config_small": 30, "config_medium": 12}
+    rates = RATES_MBIT
+    if args.quick:
+        configs, rates = {"config_small": 24}, {k: v for k, v in RATES_MBIT.items() if v <= 1000}
+    results = []
+    with twohosts.two_hosts() as hosts:
+        for name, steps in configs.items():
+            cfg = config.load_config(name)
+            with tempfile.TemporaryDirectory() as out:
+                single, _ = run([sys.executable, "lm_ptb.py",
+                                 *trainer_args(name, steps, args.data_path, out, [])], out)
+            print(f"{name}: one process, one core: {single * 1000:.0f} ms/step", flush=True)
+            for rate_name, rate in rates.items():
+                twohosts.shape(hosts, rate)
+                for variant, sets in VARIANTS.items():
+                    k = int(sets[1].split("=")[1]) if len(sets) == 2 else 0
+                    n = steps if not k else max(steps, 3 * k) if k <= 10 else k
+                    if args.quick and n > 3 * steps:
+                        continue
+                    with tempfile.TemporaryDirectory() as out:
+                        cmd = twohosts.mpirun_command(
+                            hosts, trainer_args(name, n, args.data_path, out, sets))
+                        step_s, measured = run(cmd, out, host=hosts[0])
+                    row = {"config": name, "link": rate_name, "variant": variant,
+                           "step_ms": 1000 * step_s, "single_step_ms": 1000 * single,
+                           "efficiency": single / step_s / 2,
+                           "bytes_per_step_predicted": predicted_bytes(cfg, variant),
+                           "bytes_per_step_measured": measured}
+                    results.append(row)
+                    print(f"  {rate_name:>10} {variant:<24} {row['step_ms']:8.0f} ms/step  "
+                          f"efficiency {row['efficiency']:5.2f}  bytes/step predicted "
+                          f"{row['bytes_per_step_predicted'] / 1e6:7.2f} MB, measured "
+                          f"{(measured or 0) / 1e6:7.2f} MB", flush=True)
+    os.makedirs(os.path.join(REPO, "results"), exist_ok=True)
+    with open(os.path.join(REPO, "results", "netstudy.json"), "w") as f:
+        json.dump({"command": "make netstudy" + (" (--quick)" if args.quick else ""),
+                   "rows": results, "projection": project(results)}, f, indent=1)
+    plot(results)
+
+
+def project(results, latency_s=50e-6):
+    """PROJECTION, not a measurement: step time at N workers from the ring-allreduce cost model,
+    t(N) = t_compute + 2(N-1)/N * S / bandwidth + 2(N-1) * latency, with t_compute and the
+    effective bandwidth fitted to the measured 2-worker steps at 1 Gbit/s and 100 Mbit/s, the
+    rows per worker kept as measured (the global batch grows with N), and an assumed 50 us
+    latency per message."""
+    out = []
+    for name in sorted({r["config"] for r in results}):
+        cfg = config.load_config(name)
+        for variant in VARIANTS:
+            rows = {r["link"]: r for r in results if r["config"] == name and r["variant"] == variant}
+            if not {"1 Gbit/s", "100 Mbit/s"} <= set(rows):
+                continue
+            fast, slow = rows["1 Gbit/s"], rows["100 Mbit/s"]
+            sent = fast["bytes_per_step_predicted"]
+            # t = compute + per_byte * bytes / (link in Mbit/s), solved from the two links
+            per_byte = (slow["step_ms"] - fast["step_ms"]) / 1000 / sent / (1 / 100 - 1 / 1000)
+            compute = max(0.0, fast["step_ms"] / 1000 - per_byte * sent / 1000)
+            for workers in (8, 64):
+                ring = predicted_bytes(dict(cfg, batch_size=cfg["batch_size"] * workers // 2),
+                                       variant, workers)
+                for link, mbit in RATES_MBIT.items():
+                    step = compute + per_byte * ring / mbit + 2 * (workers - 1) * latency_s
+                    out.append({"config": name, "variant": variant, "workers": workers,
+                                "link": link, "step_ms": 1000 * step,
+                                "efficiency": compute / step})
+    return out
+
+
+def plot(results):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = sorted({r["config"] for r in results})
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for variant in VARIANTS:
+            rows = [r for r in results if r["config"] == name and r["variant"] == variant]
+            if rows:
+                ax.plot([RATES_MBIT[r["link"]] for r in rows], [r["step_ms"] for r in rows],
+                        "-o", label=variant)
+        single = next(r["single_step_ms"] for r in results if r["config"] == name)
+        ax.axhline(single / 2, ls=":", c="gray", label="ideal 2 workers")
+        ax.set(xscale="log", yscale="log", xlabel="link (Mbit/s)", ylabel="ms per step",
+               title=f"{name.replace('config_', '')}: 2 hosts over a shaped veth link")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(REPO, "results", "netstudy.png"), dpi=100)
+
+
+if __name__ == "__main__":
+    main()
