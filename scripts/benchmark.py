@@ -173,6 +173,9 @@ def main(argv=None):
                                 ("--threads", "1")),
         "small_2ranks_1thread": (mpirun + ["-np", "2"] + dist, "config_small", steps[0] // 2,
                                  ("--threads", "1")),
+        # what each of the 2 ranks runs: half the rows, one core
+        "small_1rank_1thread_half_batch": (mpirun + ["-np", "1"] + dist, "config_small",
+                                           steps[0] // 2, ("--threads", "1", "--set", "batch_size=10")),
         "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], ()),
     }
     for name, (launcher, cfg_name, n, extra) in runs.items():
@@ -193,6 +196,8 @@ def main(argv=None):
         ("small, 1 rank x 1 thread", f"{result['small_1rank_1thread']['wps']:,.0f} wps"),
         ("small, 2 ranks x 1 thread", f"{result['small_2ranks_1thread']['wps']:,.0f} wps "
                                        f"(speedup {result['small_2_vs_1_rank_speedup']:.2f}x)"),
+        ("small, 1 rank x 1 thread, half batch", f"{result['small_1rank_1thread_half_batch']['wps']:,.0f} wps"
+                                                  " (bound for 2 ranks: twice this)"),
         ("medium, single process, all cores", f"{result['medium_single_all_cores']['wps']:,.0f} wps"),
         ("peak RSS, small single / per rank", f"{result['small_single_all_cores']['peak_rss_mb']:,.0f}"
                                                f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
