@@ -4,15 +4,13 @@
 
 Runs lm_ptb_distributed.py as two "hosts" (network namespaces joined by a veth pair), the link
 shaped with tc's token bucket to each bandwidth, for the small and medium configs and each
-communication variant. For every run it reports the median step time (windows of the trainer's
-progress events), the scaling efficiency against one process on one core with the whole
+communication variant. For every run it reports the mean step time after the first progress window, the scaling efficiency against one process on one core with the whole
 global batch, and the bytes rank 0 sends per step: computed from the model, and measured on the
 veth's counters while training. Writes results/netstudy.json and results/netstudy.png.
 """
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,7 +59,7 @@ def predicted_bytes(cfg, variant, workers=2):
 
 
 def run(command, out, host=None):
-    """Run a trainer; returns (median step seconds, measured bytes per step or None)."""
+    """Run a trainer; returns (mean step seconds, measured bytes per step or None)."""
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     samples, metrics = [], os.path.join(out, "metrics.jsonl")
     while proc.poll() is None:
@@ -77,14 +75,17 @@ def run(command, out, host=None):
         raise SystemExit(f"run failed: {' '.join(command)}\n{proc.stderr.read().decode()[-2000:]}")
     with open(metrics) as f:
         progress = [e for e in map(json.loads, f) if e["event"] == "progress"]
-    step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(progress, progress[1:])]
     measured = None
     # Counter readings taken after the first window (warm-up, broadcast) up to the last step
     # (before evaluation), so only training steps' traffic counts.
     after = [s for s in samples if progress[1]["step"] <= s[0] <= progress[-1]["step"]]
     if host and len(after) > 1 and after[-1][0] > after[0][0]:
         measured = (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
-    return statistics.median(step_s[1:] or step_s), measured
+    # Mean over the steps after the first window: a median of windows would hide the weight
+    # averages that "param" mode does only every k steps.
+    first = progress[1] if len(progress) > 2 else progress[0]
+    step_s = (progress[-1]["time"] - first["time"]) / (progress[-1]["step"] - first["step"])
+    return step_s, measured
 
 
 def trainer_args(config_name, steps, data_path, out, sets):
