@@ -11,6 +11,7 @@ veth's counters while training. Writes results/netstudy.json and results/netstud
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,10 +59,9 @@ def predicted_bytes(cfg, variant, workers=2):
     return ring * (2 if "fp16_allreduce=True" in sets else 4) * dense + gather
 
 
-def run(command, out, host=None):
-    """Run a trainer; returns (mean step seconds, measured bytes per step or None)."""
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    samples, metrics = [], os.path.join(out, "metrics.jsonl")
+def poll(proc, metrics, host):
+    """(step, bytes sent) pairs read while the trainer runs."""
+    samples = []
     while proc.poll() is None:
         if host and os.path.exists(metrics):
             with open(metrics) as f:
@@ -71,6 +71,19 @@ def run(command, out, host=None):
             except (IndexError, ValueError):  # nothing yet, or a line being written
                 pass
         time.sleep(0.05)
+    return samples
+
+
+def run(command, out, host=None):
+    """Run a trainer; returns (mean step seconds, measured bytes per step or None)."""
+    metrics = os.path.join(out, "metrics.jsonl")
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        samples = poll(proc, metrics, host)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     if proc.returncode:
         raise SystemExit(f"run failed: {' '.join(command)}\n{proc.stderr.read().decode()[-2000:]}")
     with open(metrics) as f:
@@ -104,6 +117,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("error: the network study needs root (ip netns, tc); run it as root")
+    # SIGTERM must unwind too, so the namespaces are deleted and no mpirun is left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("error: stopped by SIGTERM"))
     configs = {"config_small": 30, "config_medium": 12}
     rates = RATES_MBIT
     if args.quick:
