@@ -33,7 +33,15 @@ def load_baseline(path):
 
 
 def peak_rss_mb():
-    """Peak resident memory of this process so far (Linux reports KiB)."""
+    """Peak resident memory of this process so far. VmHWM, not getrusage's ru_maxrss, which
+    on Linux keeps the peak of the parent's image from before exec (a benchmark's, say)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
