@@ -71,8 +71,8 @@ def last(run, event, key):
     return values[-1] if values else None
 
 
-def fmt(x, spec=".1f"):
-    return "—" if x is None else format(x, spec)
+def fmt(x, spec=".1f", unit=""):
+    return "—" if x is None else format(x, spec) + unit
 
 
 def table(runs):
@@ -95,7 +95,7 @@ def table(runs):
                         f"{fmt(last(shown, 'epoch', 'train_ppl') if kind == 'full' else None, '.2f')} | "
                         f"{fmt(last(shown, 'epoch', 'valid_ppl') if kind == 'full' else None, '.2f')} | "
                         f"{fmt(last(shown, 'test', 'test_ppl') if kind == 'full' else None, '.2f')} | "
-                        f"{fmt(t2)} s | {fmt(t1)} s | {speedup} |")
+                        f"{fmt(t2, unit=' s')} | {fmt(t1, unit=' s')} | {speedup} |")
     return rows
 
 
@@ -106,7 +106,8 @@ def provenance(runs):
         lines.append(f"- `results/{r['name']}` ({r['kind']}, {r['workers']} worker"
                      f"{'s' if r['workers'] > 1 else ''}; {env['date_utc']} UTC, {env['cpu']}, "
                      f"{env['cores']} cores, TF {env['tensorflow']}, Horovod {env['horovod']}, "
-                     f"commit {env['commit']}): `{r['command']}`")
+                     f"commit {env['commit']}): `{r['command']}`"
+                     + (f". {r['note']}" if r.get("note") else ""))
     return lines
 
 
@@ -129,11 +130,11 @@ def plots(runs):
     for name in ("config_small", "config_medium", "config_large"):
         points = sorted((r["workers"], statistics.median(
             [e["wps"] for e in r["events"] if e["event"] == "progress"][1:] or [0]))
-            for r in runs if r["config"]["name"] == name)
+            for r in runs if r["config"]["name"] == name and r["kind"] == "bounded")
         if points:
             ax.plot(*zip(*points), "-o", label=name.replace("config_", ""))
     ax.set(xlabel="workers (one host, 2 cores)", ylabel="words/sec", xticks=[1, 2],
-           title="Throughput against the number of workers")
+           title="Throughput against the number of workers (bounded runs)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(RESULTS, "wps.png"), dpi=100)
