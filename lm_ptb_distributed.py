@@ -120,7 +120,8 @@ def main(argv=None):
     check_same_config(cfg)  # Horovod 7
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
-    training.seed_everything(args.seed + hvd.rank())  # Horovod 4: own dropout masks; weights come from rank 0
+    # Horovod 4: each rank its own dropout masks; the initial weights all come from rank 0
+    training.seed_everything(args.seed + hvd.rank())
 
     download_on_chief(args.data_path)  # Horovod 6
     corpus = ptb.load_corpus(args.data_path)
@@ -146,6 +147,7 @@ def main(argv=None):
     hvd.broadcast_variables(model.variables + [optimizer.iterations], root_rank=0)  # Horovod 4
     if cfg["timeline"]:
         start_timeline(args.output_dir)  # Horovod 9
+    after_step = parameter_averaging(model, cfg)  # Horovod 3: None unless reduce_type "param"
 
     stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
     for epoch in range(start_epoch, cfg["num_epochs"]):
@@ -154,7 +156,7 @@ def main(argv=None):
         stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
                                      log_every=args.log_every, workers=workers,
                                      average=average_over_ranks,  # Horovod 8
-                                     after_step=parameter_averaging(model, cfg))  # Horovod 3
+                                     after_step=after_step)  # Horovod 3
         step += stats["steps"]
         if is_chief:
             valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
