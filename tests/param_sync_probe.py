@@ -1,5 +1,6 @@
 """Run under mpirun by test_communication.py: trains a few steps in reduce_type "param" with
-the trainer's own pieces and prints, per step, a digest of this rank's weights."""
+the trainer's own pieces and writes, per step, a digest of this rank's weights to
+<out_dir>/rank<N>.json (a file each: two ranks' stdout lines can interleave)."""
 import hashlib
 import json
 import sys
@@ -20,7 +21,7 @@ class NoLog:
         pass
 
 
-def main(every, steps):
+def main(every, steps, out_dir):
     hvd.init()
     cfg = config.load_config("tests/config_tiny.py", [
         "reduce_type='param'", f"param_sync_steps={every}", f"steps_per_epoch={steps}"])
@@ -41,8 +42,9 @@ def main(every, steps):
         digests.append(hashlib.sha256(flat.tobytes()).hexdigest()[:12])
     training.train_epoch(step_fn, model, x, y, 0, cfg, NoLog(), log_every=steps,
                          average=lambda t: hvd.allreduce(t, op=hvd.Average), after_step=after_step)
-    print(json.dumps({"rank": hvd.rank(), "digests": digests}), flush=True)
+    with open(f"{out_dir}/rank{hvd.rank()}.json", "w") as f:
+        json.dump({"rank": hvd.rank(), "digests": digests}, f)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

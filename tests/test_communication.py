@@ -53,12 +53,11 @@ def test_param_sync_makes_ranks_equal_only_at_syncs(tmp_path):
     import sys
     from tests.test_distributed import IS_ROOT
     r = subprocess.run(["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
-                        "-np", "2", sys.executable, "-m", "tests.param_sync_probe", "3", "7"],
+                        "-np", "2", sys.executable, "-m", "tests.param_sync_probe", "3", "7",
+                        str(tmp_path)],
                        cwd=REPO, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    ranks = sorted((json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")),
-                   key=lambda d: d["rank"])
-    a, b = ranks[0]["digests"], ranks[1]["digests"]
+    a, b = (json.loads((tmp_path / f"rank{rank}.json").read_text())["digests"] for rank in (0, 1))
     assert len(a) == len(b) == 7
     synced = [3, 6, 7]  # every 3 steps, and the epoch's last step
     for step in range(1, 8):
