@@ -80,3 +80,9 @@ def test_config_hash_tracks_values():
     a = config.load_config("config_small")
     assert config.config_hash(a) == config.config_hash(config.load_config("config_small"))
     assert config.config_hash(a) != config.config_hash(dict(a, num_epochs=2))
+
+
+def test_horovod_options_default_when_a_config_omits_them():
+    cfg = config.load_config("config_small")
+    assert {k: cfg[k] for k in config.DEFAULTS} == config.DEFAULTS
+    assert config.load_config("config_small", ["reduce_type='param'"])["reduce_type"] == "param"

@@ -36,6 +36,10 @@ SCHEMA = {
     "backward_passes_per_step": ((int,), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
+# Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication".
+# A config file may set them; otherwise these defaults hold.
+DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False,
+            "reduce_type": "grad", "param_sync_steps": 10, "timeline": False}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
@@ -77,7 +81,7 @@ def load_config(name_or_path, overrides=()):
     cfg = {k: v for k, v in vars(module).items()
            if not k.startswith("_") and not callable(v) and not isinstance(v, type(sys))}
     unknown = sorted(set(cfg) - set(SCHEMA))
-    missing = sorted(set(SCHEMA) - set(cfg))
+    missing = sorted(set(SCHEMA) - set(cfg) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"config {name_or_path} has unknown key(s) {', '.join(unknown)}; "
                           f"valid keys: {', '.join(SCHEMA)}")
@@ -86,6 +90,7 @@ def load_config(name_or_path, overrides=()):
                           "copy them from config_small.py")
     for key, value in cfg.items():
         _check_value(key, value, f"config {name_or_path}")
+    cfg = {**DEFAULTS, **cfg}
     for item in overrides:
         key, value = _parse_override(item)
         cfg[key] = value
