@@ -4,7 +4,9 @@
 
 Runs lm_ptb_distributed.py as two "hosts" (network namespaces joined by a veth pair), the link
 shaped with tc's token bucket to each bandwidth, for the small and medium configs and each
-communication variant. For every run it reports the mean step time after the first progress window, the scaling efficiency against one process on one core with the whole
+communication variant. Then the same over a link with added latency: two TUN devices joined by a
+relay that holds each packet for a fixed time (this kernel has no netem), with a +0 ms run of the
+same relay as its control. `--part latency` reruns only those rows and keeps the others. For every run it reports the mean step time after the first progress window, the scaling efficiency against one process on one core with the whole
 global batch, and the bytes rank 0 sends per step: computed from the model, and measured on the
 veth's counters while training. Writes results/netstudy.json and results/netstudy.png.
 """
@@ -27,6 +29,7 @@ from utils.config import DEFAULT_DATA_PATH  # noqa: E402
 
 VOCAB = 10000
 RATES_MBIT = {"10 Gbit/s": 10000, "1 Gbit/s": 1000, "100 Mbit/s": 100}
+DELAYS_MS = {"relay +0 ms": 0, "relay +1 ms": 1, "relay +10 ms": 10}  # one way; RTT grows 2x
 VARIANTS = {  # name -> --set items
     "grad": [],
     "grad + fp16": ["fp16_allreduce=True"],
@@ -110,9 +113,35 @@ def trainer_args(config_name, steps, data_path, out, sets):
     return args
 
 
+def study_link(hosts, name, steps, data_path, single, link, quick=False, **extra):
+    """One row per variant over the link `hosts` as it is now."""
+    cfg, rows = config.load_config(name), []
+    for variant, sets in VARIANTS.items():
+        k = int(sets[1].split("=")[1]) if len(sets) == 2 else 0
+        n = steps if not k else max(steps, 3 * k) if k <= 10 else k
+        if quick and n > 3 * steps:
+            continue
+        with tempfile.TemporaryDirectory() as out:
+            cmd = twohosts.mpirun_command(hosts, trainer_args(name, n, data_path, out, sets))
+            step_s, measured = run(cmd, out, host=hosts[0])
+        row = {"config": name, "link": link, **extra, "variant": variant,
+               "step_ms": 1000 * step_s, "single_step_ms": 1000 * single,
+               "efficiency": single / step_s / 2,
+               "bytes_per_step_predicted": predicted_bytes(cfg, variant),
+               "bytes_per_step_measured": measured}
+        rows.append(row)
+        print(f"  {link:>12} {variant:<24} {row['step_ms']:8.0f} ms/step  "
+              f"efficiency {row['efficiency']:5.2f}  bytes/step predicted "
+              f"{row['bytes_per_step_predicted'] / 1e6:7.2f} MB, measured "
+              f"{(measured or 0) / 1e6:7.2f} MB", flush=True)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small config, 1 and 0.1 Gbit/s only")
+    p.add_argument("--part", choices=["all", "bandwidth", "latency"], default="all",
+                   help="run only these rows; the others are kept from results/netstudy.json")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     args = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -120,41 +149,40 @@ def main(argv=None):
     # SIGTERM must unwind too, so the namespaces are deleted and no mpirun is left behind.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("error: stopped by SIGTERM"))
     configs = {"config_small": 30, "config_medium": 12}
-    rates = RATES_MBIT
+    rates, delays = RATES_MBIT, DELAYS_MS
     if args.quick:
-        configs, rates = {"config_small": 24}, {k: v for k, v in RATES_MBIT.items() if v <= 1000}
+        configs = {"config_small": 24}
+        rates = {k: v for k, v in RATES_MBIT.items() if v <= 1000}
+        delays = {k: v for k, v in DELAYS_MS.items() if v in (0, 10)}
+    path = os.path.join(REPO, "results", "netstudy.json")
+    command = "make netstudy" if args.part == "all" else \
+        f"python scripts/netstudy.py --part {args.part}"
+    command += " --quick" if args.quick else ""
     results = []
-    with twohosts.two_hosts() as hosts:
-        for name, steps in configs.items():
-            cfg = config.load_config(name)
-            with tempfile.TemporaryDirectory() as out:
-                single, _ = run([sys.executable, "lm_ptb.py",
-                                 *trainer_args(name, steps, args.data_path, out, [])], out)
-            print(f"{name}: one process, one core: {single * 1000:.0f} ms/step", flush=True)
-            for rate_name, rate in rates.items():
-                twohosts.shape(hosts, rate)
-                for variant, sets in VARIANTS.items():
-                    k = int(sets[1].split("=")[1]) if len(sets) == 2 else 0
-                    n = steps if not k else max(steps, 3 * k) if k <= 10 else k
-                    if args.quick and n > 3 * steps:
-                        continue
-                    with tempfile.TemporaryDirectory() as out:
-                        cmd = twohosts.mpirun_command(
-                            hosts, trainer_args(name, n, args.data_path, out, sets))
-                        step_s, measured = run(cmd, out, host=hosts[0])
-                    row = {"config": name, "link": rate_name, "variant": variant,
-                           "step_ms": 1000 * step_s, "single_step_ms": 1000 * single,
-                           "efficiency": single / step_s / 2,
-                           "bytes_per_step_predicted": predicted_bytes(cfg, variant),
-                           "bytes_per_step_measured": measured}
-                    results.append(row)
-                    print(f"  {rate_name:>10} {variant:<24} {row['step_ms']:8.0f} ms/step  "
-                          f"efficiency {row['efficiency']:5.2f}  bytes/step predicted "
-                          f"{row['bytes_per_step_predicted'] / 1e6:7.2f} MB, measured "
-                          f"{(measured or 0) / 1e6:7.2f} MB", flush=True)
+    if args.part != "all" and os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)
+        results = [dict(r, command=r.get("command", kept["command"])) for r in kept["rows"]
+                   if ("delay_ms" in r) != (args.part == "latency")]
+    for name, steps in configs.items():
+        with tempfile.TemporaryDirectory() as out:
+            single, _ = run([sys.executable, "lm_ptb.py",
+                             *trainer_args(name, steps, args.data_path, out, [])], out)
+        print(f"{name}: one process, one core: {single * 1000:.0f} ms/step", flush=True)
+        if args.part in ("all", "bandwidth"):
+            with twohosts.two_hosts() as hosts:
+                for link, rate in rates.items():
+                    twohosts.shape(hosts, rate)
+                    results += study_link(hosts, name, steps, args.data_path, single, link,
+                                          args.quick, command=command)
+        if args.part in ("all", "latency"):
+            for link, delay in delays.items():
+                with twohosts.two_hosts_delayed(delay) as hosts:
+                    results += study_link(hosts, name, steps, args.data_path, single, link,
+                                          args.quick, command=command, delay_ms=delay)
     os.makedirs(os.path.join(REPO, "results"), exist_ok=True)
-    with open(os.path.join(REPO, "results", "netstudy.json"), "w") as f:
-        json.dump({"command": "make netstudy" + (" (--quick)" if args.quick else ""),
+    with open(path, "w") as f:
+        json.dump({"command": " and ".join(dict.fromkeys(r["command"] for r in results)),
                    "rows": results, "projection": project(results)}, f, indent=1)
     plot(results)
 
@@ -193,18 +221,24 @@ def plot(results):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = sorted({r["config"] for r in results})
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        for variant in VARIANTS:
-            rows = [r for r in results if r["config"] == name and r["variant"] == variant]
-            if rows:
-                ax.plot([RATES_MBIT[r["link"]] for r in rows], [r["step_ms"] for r in rows],
-                        "-o", label=variant)
+    fig, axes = plt.subplots(2, len(names), figsize=(6 * len(names), 8), squeeze=False)
+    for col, name in enumerate(names):
         single = next(r["single_step_ms"] for r in results if r["config"] == name)
-        ax.axhline(single / 2, ls=":", c="gray", label="ideal 2 workers")
-        ax.set(xscale="log", yscale="log", xlabel="link (Mbit/s)", ylabel="ms per step",
-               title=f"{name.replace('config_', '')}: 2 hosts over a shaped veth link")
-        ax.legend(fontsize=8)
+        for row, (key, x_of, xlabel, xscale) in enumerate([
+                ("link", lambda r: RATES_MBIT[r["link"]], "link (Mbit/s), veth + tbf", "log"),
+                ("delay_ms", lambda r: r["delay_ms"], "added delay each way (ms), TUN relay",
+                 "symlog")]):
+            ax = axes[row][col]
+            for variant in VARIANTS:
+                rows = [r for r in results if r["config"] == name and r["variant"] == variant
+                        and ("delay_ms" in r) == (key == "delay_ms")]
+                if rows:
+                    ax.plot([x_of(r) for r in rows], [r["step_ms"] for r in rows], "-o",
+                            label=variant)
+            ax.axhline(single / 2, ls=":", c="gray", label="ideal 2 workers")
+            ax.set(xscale=xscale, yscale="log", xlabel=xlabel, ylabel="ms per step",
+                   title=f"{name.replace('config_', '')}: 2 hosts, one rank each")
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(REPO, "results", "netstudy.png"), dpi=100)
 

@@ -1,12 +1,21 @@
-"""Two "hosts" on one machine: network namespaces joined by a veth pair (needs root).
+"""Two "hosts" on one machine: network namespaces joined by a link (needs root).
 
-Used by the two-host test and the network study. The addresses are TEST-NET-1 (RFC 5737) and
-exist only inside the namespaces made here, which are deleted whatever happens.
+Used by the two-host test and the network study. The link is a veth pair (`two_hosts`), or,
+where a delay is wanted, two TUN devices joined by a relay process that holds every packet for a
+fixed time (`two_hosts_delayed`): this kernel has no netem qdisc, so tc cannot add latency.
+The addresses are TEST-NET-1 (RFC 5737) and exist only inside the namespaces made here, which
+are deleted whatever happens.
 """
 import contextlib
+import fcntl
+import heapq
 import os
+import select
+import signal
+import struct
 import subprocess
 import sys
+import time
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +44,71 @@ def two_hosts():
     finally:
         for ns, _, _ in hosts:  # deleting a namespace deletes its end of the veth pair too
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextlib.contextmanager
+def two_hosts_delayed(delay_ms):
+    """Like two_hosts, but the link holds each packet delay_ms in each direction (the round
+    trip grows by 2 x delay_ms). Yields [(namespace, address, tun device)]."""
+    tag = uuid.uuid4().hex[:6]
+    hosts = [(f"ptb{tag}a", "192.0.2.1", f"tp{tag}a"), (f"ptb{tag}b", "192.0.2.2", f"tp{tag}b")]
+    relay = None
+    try:
+        for ns, _, dev in hosts:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "tuntap", "add", "dev", dev, "mode", "tun")
+        relay = subprocess.Popen([sys.executable, os.path.abspath(__file__), "relay",
+                                  str(delay_ms), hosts[0][2], hosts[1][2]],
+                                 stdout=subprocess.PIPE, text=True)
+        if relay.stdout.readline().strip() != "ready":
+            raise RuntimeError("the delay relay did not start")
+        for ns, addr, dev in hosts:  # the relay's open files stay attached across the move
+            sh("ip", "link", "set", dev, "netns", ns)
+            # Large packets keep the relay's per-packet cost small (tun has no segmentation
+            # offload, so TCP sends at most one MTU per packet).
+            sh("ip", "-n", ns, "link", "set", dev, "mtu", "65000")
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+        yield hosts
+    finally:
+        if relay:
+            relay.terminate()
+            relay.wait()
+        for ns, _, dev in hosts:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "tuntap", "del", "dev", dev, "mode", "tun"], capture_output=True)
+
+
+def open_tun(name):
+    tunsetiff, iff_tun, iff_no_pi = 0x400454CA, 0x0001, 0x1000
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+    fcntl.ioctl(fd, tunsetiff, struct.pack("16sH", name.encode(), iff_tun | iff_no_pi))
+    return fd
+
+
+def relay(delay_ms, name_a, name_b):
+    """Forward IP packets between two TUN devices, each one delay_ms after it arrived."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    a, b = open_tun(name_a), open_tun(name_b)
+    peer, delay, queue, seq = {a: b, b: a}, delay_ms / 1000, [], 0
+    print("ready", flush=True)
+    while True:
+        wait = max(0.0, queue[0][0] - time.monotonic()) if queue else None
+        for fd in select.select([a, b], [], [], wait)[0]:
+            while True:
+                try:
+                    packet = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                seq += 1  # keeps the order of packets due at the same time
+                heapq.heappush(queue, (time.monotonic() + delay, seq, peer[fd], packet))
+        while queue and queue[0][0] <= time.monotonic():
+            _, _, fd, packet = heapq.heappop(queue)
+            try:
+                os.write(fd, packet)
+            except OSError:  # the device went down: the packet is lost, as on a real link
+                pass
 
 
 def shape(hosts, rate_mbit):
@@ -66,3 +140,7 @@ def mpirun_command(hosts, trainer_args, wrapper=()):
             "-mca", "pml", "ob1", "-mca", "btl", "tcp,self",
             "-mca", "btl_tcp_if_include", CIDR, "-mca", "oob_tcp_if_include", CIDR,
             "-wdir", REPO, *wrapper, sys.executable, "lm_ptb_distributed.py", *trainer_args]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["relay"]:
+    relay(float(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -1,5 +1,6 @@
 """Real Horovod ranks under real mpirun, on CPU: equivalence with one process, sharding,
-rank-0-only output, launch errors, and two "hosts" joined by a veth pair."""
+rank-0-only output, launch errors, and two "hosts" joined by a veth pair or by a link with
+added delay."""
 import os
 import subprocess
 import sys
@@ -65,14 +66,72 @@ def test_rank_with_another_config_stops_all(ptb_path, tmp_path):
     assert "give every rank the same --config and --set" in r.stderr
 
 
-@pytest.fixture
-def hosts():
+def need_root():
     if not IS_ROOT:
         if os.environ.get("CI"):
-            pytest.fail("the two-host test needs root (ip netns) and must run in CI")
+            pytest.fail("the two-host tests need root (ip netns) and must run in CI")
         pytest.skip("needs root for ip netns")
+
+
+@pytest.fixture
+def hosts():
+    need_root()
     with twohosts.two_hosts() as made:
         yield made
+
+
+ECHO_SERVER = """
+import socket
+s = socket.socket()
+s.bind(("192.0.2.2", 5555)); s.listen(1); print("listening", flush=True)
+c, _ = s.accept()
+while (b := c.recv(1)):
+    c.sendall(b)
+"""
+ECHO_CLIENT = """
+import socket, time
+c = socket.create_connection(("192.0.2.2", 5555), timeout=10)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(5):
+    t = time.perf_counter(); c.sendall(b"x"); c.recv(1); rtts.append(time.perf_counter() - t)
+print(min(rtts) * 1000)
+"""
+
+
+def round_trip_ms(hosts):
+    (ns_a, _, _), (ns_b, _, _) = hosts
+    server = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", ECHO_SERVER],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        r = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", ECHO_CLIENT],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return float(r.stdout)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_delayed_link_adds_its_delay_and_carries_a_two_host_run(ptb_path, tmp_path):
+    need_root()
+    with twohosts.two_hosts_delayed(0) as hosts:
+        undelayed = round_trip_ms(hosts)
+    with twohosts.two_hosts_delayed(25) as hosts:
+        delayed = round_trip_ms(hosts)  # 25 ms each way
+        out = tmp_path / "run"
+        cmd = twohosts.mpirun_command(hosts, [
+            "--config", TINY, "--data_path", ptb_path, "--output_dir", str(out),
+            "--set", "steps_per_epoch=10", "--set", "num_epochs=1", "--set", "eval_steps=5"])
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        sent = twohosts.tx_bytes(hosts[0])
+    assert undelayed < 10 and 50 <= delayed < 50 + 30, (undelayed, delayed)
+    assert events(out, "test")[0]["world_size"] == 2
+    assert sent > 10 * 4 * 32 * 10000  # ten allreduces hold at least the 32 x 10,000 softmax
+    assert not [ns for ns, _, _ in hosts if ns in subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True).stdout]
 
 
 def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
