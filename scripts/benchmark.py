@@ -45,6 +45,32 @@ def matmul_gflops(n=2048, reps=10):
     return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
+def fwd_bwd(fn, variables):
+    """A traced and warmed-up function that returns the gradients of fn() for variables."""
+    import tensorflow as tf
+
+    @tf.function
+    def run():
+        with tf.GradientTape() as tape:
+            loss = fn()
+        return tape.gradient(loss, variables)
+    run()
+    return run
+
+
+def timed_alternately(runs, reps):
+    """Median milliseconds of each run, timed in turns, so that a drift of the machine's speed
+    hits all of them alike."""
+    import tensorflow as tf
+    samples = [[] for _ in runs]
+    for _ in range(reps):
+        for run, times in zip(runs, samples):
+            t0 = time.perf_counter()
+            tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, "numpy") else v, run())
+            times.append(time.perf_counter() - t0)
+    return [1000 * statistics.median(times) for times in samples]
+
+
 def profile_small(reps=15):
     """Where a small-config train step's time goes: the real step, and its parts alone."""
     import numpy as np
@@ -58,15 +84,7 @@ def profile_small(reps=15):
     x = tf.constant(np.random.RandomState(0).randint(0, VOCAB, (b, t)), tf.int32)
     hidden = tf.random.normal([b, t, h])
     state = model.zero_state(b)
-
-    def fwd_bwd(fn, variables):
-        @tf.function
-        def run():
-            with tf.GradientTape() as tape:
-                loss = fn()
-            return tape.gradient(loss, variables)
-        return run
-
+    step(x, x, state)
     parts = {
         "whole train step": lambda: step(x, x, state),
         "softmax projection + loss, fwd+bwd": fwd_bwd(
@@ -75,53 +93,36 @@ def profile_small(reps=15):
             lambda: tf.reduce_sum(unrolled_lstm(model.lstms[0].cell, hidden, *state[0])[0]),
             model.lstms[0].trainable_variables),
     }
-    times = {}
-    for name, fn in parts.items():
-        fn()
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, "numpy") else v, fn())
-            samples.append(time.perf_counter() - t0)
-        times[name] = 1000 * statistics.median(samples)
-    return times
+    return dict(zip(parts, timed_alternately(list(parts.values()), reps)))
 
 
 def ablations(reps=15):
-    """The two CPU choices of utils/model.py against what they replaced, forward + backward."""
+    """The two CPU choices of utils/model.py against what they replaced, forward + backward.
+    The two sides of each pair are timed in turns."""
     import numpy as np
     import tensorflow as tf
     from utils.model import sequence_loss, unrolled_lstm
-
-    def timed(fn, variables):
-        @tf.function
-        def run():
-            with tf.GradientTape() as tape:
-                loss = fn()
-            return tape.gradient(loss, variables)
-        run()
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            [g.numpy() for g in run()]
-            samples.append(time.perf_counter() - t0)
-        return 1000 * statistics.median(samples)
 
     logits = tf.Variable(tf.random.normal([20, 20, VOCAB]))
     targets = tf.constant(np.random.RandomState(0).randint(0, VOCAB, (20, 20)), tf.int32)
     sparse = lambda: tf.reduce_sum(tf.reduce_mean(  # noqa: E731
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits), 0))
-    out = {"loss: sparse_softmax_cross_entropy": timed(sparse, [logits]),
-           "loss: logsumexp - target logit": timed(lambda: sequence_loss(logits, targets), [logits])}
+    out = dict(zip(["loss: sparse_softmax_cross_entropy", "loss: logsumexp - target logit"],
+                   timed_alternately([fwd_bwd(sparse, [logits]),
+                                      fwd_bwd(lambda: sequence_loss(logits, targets), [logits])],
+                                     reps)))
     for label, steps, hidden in (("small", 20, 200), ("medium", 35, 650)):
         lstm = tf.keras.layers.LSTM(hidden, return_sequences=True, return_state=True)
         x = tf.random.normal([20, steps, hidden])
         h = c = tf.zeros([20, hidden])
         lstm(x)
-        out[f"LSTM layer {label}: tf.keras.layers.LSTM"] = timed(
-            lambda: tf.reduce_sum(lstm(x, initial_state=[h, c])[0]), lstm.trainable_variables)
-        out[f"LSTM layer {label}: unrolled"] = timed(
-            lambda: tf.reduce_sum(unrolled_lstm(lstm.cell, x, h, c)[0]), lstm.trainable_variables)
+        keras_ms, unrolled_ms = timed_alternately([
+            fwd_bwd(lambda: tf.reduce_sum(lstm(x, initial_state=[h, c])[0]),
+                    lstm.trainable_variables),
+            fwd_bwd(lambda: tf.reduce_sum(unrolled_lstm(lstm.cell, x, h, c)[0]),
+                    lstm.trainable_variables)], reps)
+        out[f"LSTM layer {label}: tf.keras.layers.LSTM"] = keras_ms
+        out[f"LSTM layer {label}: unrolled"] = unrolled_ms
     return out
 
 
