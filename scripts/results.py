@@ -1,8 +1,10 @@
 """The results table and plots, built only from committed logs under results/.
 
-    python scripts/results.py record NAME full|bounded -- <trainer command ...>
+    python scripts/results.py record NAME full|partial|bounded -- <trainer command ...>
         runs the command with --output_dir runs/results/NAME, then keeps its metrics.jsonl, the
-        command and an environment record in results/NAME/ (never the checkpoints)
+        command and an environment record in results/NAME/ (never the checkpoints). full: all
+        the config's epochs; partial: fewer whole epochs (--set num_epochs=N); bounded: a number
+        of steps, timed only
     python scripts/results.py build      # = make results
         rewrites the table between the results markers in README.md and results/*.png
 """
@@ -58,7 +60,7 @@ def full_epoch_steps(cfg):
 
 def epoch_time(run):
     """Median seconds per epoch: measured epochs, or step time x steps of a full epoch."""
-    if run["kind"] == "full":
+    if run["kind"] != "bounded":
         return statistics.median(e["epoch_time_s"] for e in run["events"] if e["event"] == "epoch")
     progress = [e for e in run["events"] if e["event"] == "progress"]
     step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"])
@@ -75,12 +77,18 @@ def fmt(x, spec=".1f", unit=""):
     return "—" if x is None else format(x, spec) + unit
 
 
+def paper_epochs(config_name):
+    sys.path.insert(0, REPO)
+    from utils import config
+    return config.load_config(config_name)["num_epochs"]
+
+
 def table(runs):
     by = {(r["config"]["name"], r["kind"], r["workers"]): r for r in runs}
     rows = ["| config | run | epochs | train ppl | valid ppl | test ppl | time/epoch, 2 workers "
             "| time/epoch, 1 process | speedup |", "|" + " --- |" * 9]
     for name in ("config_small", "config_medium", "config_large"):
-        for kind in ("full", "bounded"):
+        for kind in ("full", "partial", "bounded"):
             single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
             if not (single or dist):
                 continue
@@ -89,12 +97,15 @@ def table(runs):
             t1 = epoch_time(single) if single else None
             t2 = epoch_time(dist) if dist else None
             speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
-            label = "full" if kind == "full" else "bounded (time from the first steps)"
+            label = {"full": "full",
+                     "partial": f"partial ({epochs} of {paper_epochs(name)} epochs)",
+                     "bounded": "bounded (time from the first steps)"}[kind]
+            trained = kind != "bounded"
             rows.append(f"| {name.replace('config_', '')} | {label} | "
-                        f"{epochs if kind == 'full' else '—'} | "
-                        f"{fmt(last(shown, 'epoch', 'train_ppl') if kind == 'full' else None, '.2f')} | "
-                        f"{fmt(last(shown, 'epoch', 'valid_ppl') if kind == 'full' else None, '.2f')} | "
-                        f"{fmt(last(shown, 'test', 'test_ppl') if kind == 'full' else None, '.2f')} | "
+                        f"{epochs if trained else '—'} | "
+                        f"{fmt(last(shown, 'epoch', 'train_ppl') if trained else None, '.2f')} | "
+                        f"{fmt(last(shown, 'epoch', 'valid_ppl') if trained else None, '.2f')} | "
+                        f"{fmt(last(shown, 'test', 'test_ppl') if trained else None, '.2f')} | "
                         f"{fmt(t2, unit=' s')} | {fmt(t1, unit=' s')} | {speedup} |")
     return rows
 
@@ -200,7 +211,7 @@ def build():
 def main(argv):
     if argv[:1] == ["build"]:
         build()
-    elif argv[:1] == ["record"] and len(argv) > 4 and argv[2] in ("full", "bounded") \
+    elif argv[:1] == ["record"] and len(argv) > 4 and argv[2] in ("full", "partial", "bounded") \
             and argv[3] == "--":
         record(argv[1], argv[2], argv[4:])
     elif argv[:1] == ["keep"] and len(argv) == 5:  # adopt a run made by hand: NAME KIND DIR CMD
