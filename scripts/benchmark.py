@@ -3,7 +3,10 @@
     make bench          # or: .venv/bin/python scripts/benchmark.py [--quick]
 
 Every words/sec figure is the median over timed windows of the trainer's own progress
-events (`--log_every` steps each), the first window (tracing, warm-up) left out.
+events (`--log_every` steps each), the first window (tracing, warm-up) left out. The full mode
+runs the small-config runs in 3 rounds, one after the other within each round, and gives each
+speedup as the median of the ratios within a round, so that a drift of this shared machine's
+speed between rounds does not become a speedup.
 """
 import argparse
 import json
@@ -179,15 +182,31 @@ def main(argv=None):
                                            steps[0] // 2, ("--threads", "1", "--set", "batch_size=10")),
         "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], ()),
     }
-    for name, (launcher, cfg_name, n, extra) in runs.items():
-        wps, windows, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra)
-        result[name] = {"wps": wps, "windows": windows, "peak_rss_mb": rss}
-        print(f"  {name}: {wps:,.0f} wps (median of {windows} windows), peak RSS {rss:,.0f} MB",
-              flush=True)
+    # Rounds of all the small runs in turn: the speedups are medians of ratios within a round,
+    # so a drift of the machine's speed between rounds cancels out.
+    rounds = [{} for _ in range(1 if args.quick else 3)]
+    for i, measured in enumerate(rounds):
+        for name, (launcher, cfg_name, n, extra) in runs.items():
+            if i and not name.startswith("small"):
+                continue
+            wps, windows, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra)
+            measured[name] = {"wps": wps, "windows": windows, "peak_rss_mb": rss}
+            print(f"  round {i + 1}, {name}: {wps:,.0f} wps (median of {windows} windows), "
+                  f"peak RSS {rss:,.0f} MB", flush=True)
+    for name in runs:
+        per_round = [r[name] for r in rounds if name in r]
+        result[name] = {"wps": statistics.median(r["wps"] for r in per_round),
+                        "windows": sum(r["windows"] for r in per_round),
+                        "peak_rss_mb": max(r["peak_rss_mb"] for r in per_round),
+                        "wps_per_round": [r["wps"] for r in per_round]}
+
+    def ratio(a, b):
+        return statistics.median(r[a]["wps"] / r[b]["wps"] for r in rounds)
     single = result["small_single_all_cores"]["wps"]
     result["small_share_of_ceiling"] = single / ceiling
-    result["small_2_vs_1_rank_speedup"] = (result["small_2ranks_1thread"]["wps"]
-                                           / result["small_1rank_1thread"]["wps"])
+    result["small_2_vs_1_rank_speedup"] = ratio("small_2ranks_1thread", "small_1rank_1thread")
+    result["small_2ranks_vs_single_process"] = ratio("small_2ranks_1thread",
+                                                     "small_single_all_cores")
     rows = [
         ("fp32 matmul ceiling (2048², all cores)", f"{gflops:,.0f} GFLOP/s"),
         ("small: FLOPs per word (fwd + bwd)", f"{flops_per_word(small) / 1e6:.1f} MFLOP"),
@@ -197,6 +216,7 @@ def main(argv=None):
         ("small, 1 rank x 1 thread", f"{result['small_1rank_1thread']['wps']:,.0f} wps"),
         ("small, 2 ranks x 1 thread", f"{result['small_2ranks_1thread']['wps']:,.0f} wps "
                                        f"(speedup {result['small_2_vs_1_rank_speedup']:.2f}x)"),
+        ("small, 2 ranks x 1 thread / single process", f"{result['small_2ranks_vs_single_process']:.2f}x"),
         ("small, 1 rank x 1 thread, half batch", f"{result['small_1rank_1thread_half_batch']['wps']:,.0f} wps"
                                                   " (bound for 2 ranks: twice this)"),
         ("medium, single process, all cores", f"{result['medium_single_all_cores']['wps']:,.0f} wps"),
@@ -206,7 +226,8 @@ def main(argv=None):
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
     rows += [(f"fwd+bwd {name}", f"{ms:.1f} ms") for name, ms in ablation.items()]
     width = max(len(r[0]) for r in rows)
-    print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores)")
+    print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores, "
+          f"{len(rounds)} round{'s' if len(rounds) > 1 else ''} of the small runs)")
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
