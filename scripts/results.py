@@ -83,29 +83,36 @@ def paper_epochs(config_name):
     return config.load_config(config_name)["num_epochs"]
 
 
+def perplexities(single, dist, event, key):
+    """'2 workers / 1 process' for one perplexity column, or the one that exists."""
+    values = [fmt(last(r, event, key), ".2f") if r else "—" for r in (dist, single)]
+    return " / ".join(values)
+
+
 def table(runs):
     by = {(r["config"]["name"], r["kind"], r["workers"]): r for r in runs}
-    rows = ["| config | run | epochs | train ppl | valid ppl | test ppl | time/epoch, 2 workers "
-            "| time/epoch, 1 process | speedup |", "|" + " --- |" * 9]
+    rows = ["| config | run | epochs | train ppl, 2 workers / 1 process | valid ppl, 2 / 1 | "
+            "test ppl, 2 / 1 | time/epoch, 2 workers | time/epoch, 1 process | speedup |",
+            "|" + " --- |" * 9]
     for name in ("config_small", "config_medium", "config_large"):
         for kind in ("full", "partial", "bounded"):
             single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
             if not (single or dist):
                 continue
-            shown = dist or single
-            epochs = sum(e["event"] == "epoch" for e in shown["events"])
+            epochs = sum(e["event"] == "epoch" for e in (dist or single)["events"])
             t1 = epoch_time(single) if single else None
             t2 = epoch_time(dist) if dist else None
             speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
             label = {"full": "full",
                      "partial": f"partial ({epochs} of {paper_epochs(name)} epochs)",
                      "bounded": "bounded (time from the first steps)"}[kind]
-            trained = kind != "bounded"
-            rows.append(f"| {name.replace('config_', '')} | {label} | "
-                        f"{epochs if trained else '—'} | "
-                        f"{fmt(last(shown, 'epoch', 'train_ppl') if trained else None, '.2f')} | "
-                        f"{fmt(last(shown, 'epoch', 'valid_ppl') if trained else None, '.2f')} | "
-                        f"{fmt(last(shown, 'test', 'test_ppl') if trained else None, '.2f')} | "
+            if kind == "bounded":
+                cells = ["—"] * 4
+            else:
+                cells = [str(epochs), perplexities(single, dist, "epoch", "train_ppl"),
+                         perplexities(single, dist, "epoch", "valid_ppl"),
+                         perplexities(single, dist, "test", "test_ppl")]
+            rows.append(f"| {name.replace('config_', '')} | {label} | {' | '.join(cells)} | "
                         f"{fmt(t2, unit=' s')} | {fmt(t1, unit=' s')} | {speedup} |")
     return rows
 
