@@ -223,19 +223,21 @@ def plot(results):
     names = sorted({r["config"] for r in results})
     fig, axes = plt.subplots(2, len(names), figsize=(6 * len(names), 8), squeeze=False)
     for col, name in enumerate(names):
-        single = next(r["single_step_ms"] for r in results if r["config"] == name)
         for row, (key, x_of, xlabel, xscale) in enumerate([
                 ("link", lambda r: RATES_MBIT[r["link"]], "link (Mbit/s), veth + tbf", "log"),
                 ("delay_ms", lambda r: r["delay_ms"], "added delay each way (ms), TUN relay",
                  "symlog")]):
             ax = axes[row][col]
+            panel = [r for r in results
+                     if r["config"] == name and ("delay_ms" in r) == (key == "delay_ms")]
             for variant in VARIANTS:
-                rows = [r for r in results if r["config"] == name and r["variant"] == variant
-                        and ("delay_ms" in r) == (key == "delay_ms")]
+                rows = [r for r in panel if r["variant"] == variant]
                 if rows:
                     ax.plot([x_of(r) for r in rows], [r["step_ms"] for r in rows], "-o",
                             label=variant)
-            ax.axhline(single / 2, ls=":", c="gray", label="ideal 2 workers")
+            if panel:  # each part of the study timed its own one-process baseline
+                ax.axhline(panel[0]["single_step_ms"] / 2, ls=":", c="gray",
+                           label="ideal 2 workers")
             ax.set(xscale=xscale, yscale="log", xlabel=xlabel, ylabel="ms per step",
                    title=f"{name.replace('config_', '')}: 2 hosts, one rank each")
             ax.legend(fontsize=8)
