@@ -162,7 +162,7 @@ def main(argv=None):
     if args.part != "all" and os.path.exists(path):
         with open(path) as f:
             kept = json.load(f)
-        results = [dict(r, command=r.get("command", kept["command"])) for r in kept["rows"]
+        results = [dict(r, command=r.get("command", kept.get("command"))) for r in kept["rows"]
                    if ("delay_ms" in r) != (args.part == "latency")]
     for name, steps in configs.items():
         with tempfile.TemporaryDirectory() as out:
@@ -182,7 +182,7 @@ def main(argv=None):
                                           args.quick, command=command, delay_ms=delay)
     os.makedirs(os.path.join(REPO, "results"), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"command": " and ".join(dict.fromkeys(r["command"] for r in results)),
+        json.dump({"commands": list(dict.fromkeys(r["command"] for r in results)),
                    "rows": results, "projection": project(results)}, f, indent=1)
     plot(results)
 

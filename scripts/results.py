@@ -164,7 +164,8 @@ def netstudy_block():
         return None
     with open(path) as f:
         study = json.load(f)
-    lines = [f"Measured by `{study['command']}` (2 ranks, one per namespace, one core each; "
+    commands = dict.fromkeys(r.get("command", study.get("command")) for r in study["rows"])
+    lines = [f"Measured by {' and '.join(f'`{c}`' for c in commands)} (2 ranks, one per namespace, one core each; "
              "efficiency = one process's step time / (2 × the 2-worker step time)):", "",
              "| config | link | variant | ms/step | efficiency | MB sent/step, model | "
              "MB sent/step, measured |", "|" + " --- |" * 7]
