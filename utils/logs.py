@@ -122,7 +122,7 @@ class RunLog:
                              "epoch/time_s": t, "epoch/words_per_sec": stats["wps"]})
 
     def test(self, epoch, step, lr, stats, test_ppl):
-        self._write(f"test ppl {test_ppl:.2f} | after {epoch + 1} epochs",
+        self._write(f"test ppl {test_ppl:.2f} | after {epoch + 1} epoch{'s' if epoch else ''}",
                     event="test", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats and stats["train_ppl"], wps=stats and stats["wps"],
                     test_ppl=test_ppl)
