@@ -157,7 +157,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
     args = p.parse_args(argv)
     small = config.load_config("config_small")
-    steps = (130, 50) if args.quick else (600, 150)  # (small, medium), at 10 steps a window
+    steps = (100, 40) if args.quick else (600, 150)  # (small, medium), at 10 steps a window
     py = [sys.executable]
     mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
               "--oversubscribe", "-bind-to", "none"]
@@ -165,8 +165,9 @@ def main(argv=None):
     cores = len(os.sched_getaffinity(0))
 
     gflops = matmul_gflops()
-    profile = profile_small()
-    ablation = ablations()
+    reps = 9 if args.quick else 15
+    profile = profile_small(reps)
+    ablation = ablations(reps)
     ceiling = gflops * 1e9 / flops_per_word(small)
     rows, result = [], {"cores": cores, "matmul_gflops": gflops, "small_step_profile_ms": profile,
                         "ablation_fwd_bwd_ms": ablation,
