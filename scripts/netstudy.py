@@ -4,11 +4,14 @@
 
 Runs lm_ptb_distributed.py as two "hosts" (network namespaces joined by a veth pair), the link
 shaped with tc's token bucket to each bandwidth, for the small and medium configs and each
-communication variant. Then the same over a link with added latency: two TUN devices joined by a
-relay that holds each packet for a fixed time (this kernel has no netem), with a +0 ms run of the
-same relay as its control. `--part latency` reruns only those rows and keeps the others. For every run it reports the mean step time after the first progress window, the scaling efficiency against one process on one core with the whole
-global batch, and the bytes rank 0 sends per step: computed from the model, and measured on the
-veth's counters while training. Writes results/netstudy.json and results/netstudy.png.
+communication variant. Then the same over a link with added latency: two TUN devices joined by
+a relay that holds each packet for a fixed time (this kernel has no netem), with a +0 ms run of
+the same relay as its control. `--part latency` reruns only those rows and keeps the others.
+For every run it reports the mean step time after the first progress window, the scaling
+efficiency against one process on one core with the whole global batch, and the bytes rank 0
+sends per step: computed from the model, and measured on the link's counters while training.
+Writes results/netstudy.json (each row with the command that measured it) and
+results/netstudy.png.
 """
 import argparse
 import json
@@ -139,7 +142,8 @@ def study_link(hosts, name, steps, data_path, single, link, quick=False, **extra
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small config, 1 and 0.1 Gbit/s only")
+    p.add_argument("--quick", action="store_true",
+                   help="small config, 1 and 0.1 Gbit/s, +0 and +10 ms only")
     p.add_argument("--part", choices=["all", "bandwidth", "latency"], default="all",
                    help="run only these rows; the others are kept from results/netstudy.json")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
@@ -162,8 +166,7 @@ def main(argv=None):
     if args.part != "all" and os.path.exists(path):
         with open(path) as f:
             kept = json.load(f)
-        results = [dict(r, command=r.get("command", kept.get("command"))) for r in kept["rows"]
-                   if ("delay_ms" in r) != (args.part == "latency")]
+        results = [r for r in kept["rows"] if ("delay_ms" in r) != (args.part == "latency")]
     for name, steps in configs.items():
         with tempfile.TemporaryDirectory() as out:
             single, _ = run([sys.executable, "lm_ptb.py",
@@ -182,8 +185,7 @@ def main(argv=None):
                                           args.quick, command=command, delay_ms=delay)
     os.makedirs(os.path.join(REPO, "results"), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"commands": list(dict.fromkeys(r["command"] for r in results)),
-                   "rows": results, "projection": project(results)}, f, indent=1)
+        json.dump({"rows": results, "projection": project(results)}, f, indent=1)
     plot(results)
 
 

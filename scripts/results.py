@@ -17,6 +17,8 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from utils import config  # noqa: E402
 RESULTS = os.path.join(REPO, "results")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 NET_BEGIN, NET_END = "<!-- netstudy:begin -->", "<!-- netstudy:end -->"
@@ -78,8 +80,6 @@ def fmt(x, spec=".1f", unit=""):
 
 
 def paper_epochs(config_name):
-    sys.path.insert(0, REPO)
-    from utils import config
     return config.load_config(config_name)["num_epochs"]
 
 
@@ -164,7 +164,7 @@ def netstudy_block():
         return None
     with open(path) as f:
         study = json.load(f)
-    commands = dict.fromkeys(r.get("command", study.get("command")) for r in study["rows"])
+    commands = dict.fromkeys(r["command"] for r in study["rows"])
     lines = [f"Measured by {' and '.join(f'`{c}`' for c in commands)} (2 ranks, one per namespace, one core each; "
              "efficiency = one process's step time / (2 × the 2-worker step time)):", "",
              "| config | link | variant | ms/step | efficiency | MB sent/step, model | "

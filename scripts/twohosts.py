@@ -27,57 +27,63 @@ def sh(*cmd):
 
 
 @contextlib.contextmanager
-def two_hosts():
-    """Yields [(namespace, address, veth)] for hosts a and b."""
+def namespaces(device_prefix):
+    """Two fresh namespaces with loopback up. Yields [(namespace, address, device name)] for
+    hosts a and b; the caller makes the devices. Afterwards the namespaces go, and with them
+    the devices moved into them; a device still outside (setup failed first) is deleted too."""
     tag = uuid.uuid4().hex[:6]
-    hosts = [(f"ptb{tag}a", "192.0.2.1", f"vp{tag}a"), (f"ptb{tag}b", "192.0.2.2", f"vp{tag}b")]
+    hosts = [(f"ptb{tag}{h}", address, f"{device_prefix}{tag}{h}")
+             for h, address in (("a", "192.0.2.1"), ("b", "192.0.2.2"))]
     try:
         for ns, _, _ in hosts:
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", hosts[0][2], "type", "veth", "peer", "name", hosts[1][2])
-        for ns, addr, veth in hosts:
-            sh("ip", "link", "set", veth, "netns", ns)
-            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
-            sh("ip", "-n", ns, "link", "set", veth, "up")
         yield hosts
     finally:
-        for ns, _, _ in hosts:  # deleting a namespace deletes its end of the veth pair too
+        for ns, _, device in hosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "link", "del", "dev", device], capture_output=True)
+
+
+def attach(hosts, *link_settings):
+    """Move each host's device into its namespace, give it its address, and bring it up."""
+    for ns, address, device in hosts:
+        sh("ip", "link", "set", device, "netns", ns)
+        if link_settings:
+            sh("ip", "-n", ns, "link", "set", device, *link_settings)
+        sh("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", device)
+        sh("ip", "-n", ns, "link", "set", device, "up")
+
+
+@contextlib.contextmanager
+def two_hosts():
+    """Yields [(namespace, address, veth)] for hosts a and b, joined by a veth pair."""
+    with namespaces("vp") as hosts:
+        sh("ip", "link", "add", hosts[0][2], "type", "veth", "peer", "name", hosts[1][2])
+        attach(hosts)
+        yield hosts
 
 
 @contextlib.contextmanager
 def two_hosts_delayed(delay_ms):
     """Like two_hosts, but the link holds each packet delay_ms in each direction (the round
     trip grows by 2 x delay_ms). Yields [(namespace, address, tun device)]."""
-    tag = uuid.uuid4().hex[:6]
-    hosts = [(f"ptb{tag}a", "192.0.2.1", f"tp{tag}a"), (f"ptb{tag}b", "192.0.2.2", f"tp{tag}b")]
-    relay = None
-    try:
-        for ns, _, dev in hosts:
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "tuntap", "add", "dev", dev, "mode", "tun")
+    with namespaces("tp") as hosts:
+        for _, _, device in hosts:
+            sh("ip", "tuntap", "add", "dev", device, "mode", "tun")
         relay = subprocess.Popen([sys.executable, os.path.abspath(__file__), "relay",
                                   str(delay_ms), hosts[0][2], hosts[1][2]],
                                  stdout=subprocess.PIPE, text=True)
-        if relay.stdout.readline().strip() != "ready":
-            raise RuntimeError("the delay relay did not start")
-        for ns, addr, dev in hosts:  # the relay's open files stay attached across the move
-            sh("ip", "link", "set", dev, "netns", ns)
-            # Large packets keep the relay's per-packet cost small (tun has no segmentation
-            # offload, so TCP sends at most one MTU per packet).
-            sh("ip", "-n", ns, "link", "set", dev, "mtu", "65000")
-            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-        yield hosts
-    finally:
-        if relay:
+        try:
+            if relay.stdout.readline().strip() != "ready":
+                raise RuntimeError("the delay relay did not start")
+            # The relay's open files stay attached across the move. Large packets keep its
+            # per-packet cost small (tun has no segmentation offload: one MTU per packet).
+            attach(hosts, "mtu", "65000")
+            yield hosts
+        finally:
             relay.terminate()
             relay.wait()
-        for ns, _, dev in hosts:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-            subprocess.run(["ip", "tuntap", "del", "dev", dev, "mode", "tun"], capture_output=True)
 
 
 def open_tun(name):
