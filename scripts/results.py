@@ -197,17 +197,25 @@ def replace_block(text, begin, end, lines):
     return head + "\n".join([begin, *lines, end]) + rest.split(end, 1)[1]
 
 
-def build():
-    runs = [load(n) for n in sorted(os.listdir(RESULTS))
+def load_all():
+    return [load(n) for n in sorted(os.listdir(RESULTS))
             if os.path.isfile(os.path.join(RESULTS, n, "run.json"))]
+
+
+def results_block(runs):
+    """The lines between the results markers of README.md."""
+    return [*table(runs), "", "Runs (command, date, machine):", "", *provenance(runs)]
+
+
+def build():
+    runs = load_all()
     if not runs:
         sys.exit("error: no runs under results/; record some first")
     plots(runs)
     path = os.path.join(REPO, "README.md")
     with open(path) as f:
         text = f.read()
-    text = replace_block(text, BEGIN, END,
-                         [*table(runs), "", "Runs (command, date, machine):", "", *provenance(runs)])
+    text = replace_block(text, BEGIN, END, results_block(runs))
     study = netstudy_block()
     if study:
         text = replace_block(text, NET_BEGIN, NET_END, study)

@@ -1,0 +1,50 @@
+"""scripts/results.py: the README table from run logs, on hand-made logs and on the committed ones."""
+import os
+
+from scripts import results
+from tests.helpers import REPO
+
+
+def progress(step, time):
+    return {"event": "progress", "step": step, "time": time, "wps": 0}
+
+
+def run(kind, workers, events, batch_size=20, num_steps=20):
+    return {"name": f"small-{workers}", "kind": kind, "workers": workers, "events": events,
+            "config": {"name": "config_small", "batch_size": batch_size, "num_steps": num_steps}}
+
+
+def epoch(n, train, valid, seconds):
+    return {"event": "epoch", "epoch": n, "train_ppl": train, "valid_ppl": valid,
+            "epoch_time_s": seconds}
+
+
+def test_bounded_time_is_the_median_step_time_times_the_steps_of_a_full_epoch():
+    # 929,589 training tokens in 20 rows: 46,479 per row, 46,478 targets, 2,323 windows of 20
+    timed = run("bounded", 1, [progress(0, 100.0), progress(10, 110.0), progress(20, 122.0),
+                               progress(30, 140.0)])
+    assert results.full_epoch_steps(timed["config"]) == 2323
+    assert abs(results.epoch_time(timed) - 1.2 * 2323) < 1e-6  # steps of 1.0, 1.2, 1.8 s
+
+
+def test_a_full_row_shows_both_runs_last_epoch_and_the_speedup_from_median_epoch_times():
+    single = run("full", 1, [epoch(0, 90.0, 95.0, 70.0), epoch(1, 51.0, 61.0, 90.0),
+                             epoch(2, 51.0, 61.0, 80.0), {"event": "test", "test_ppl": 59.0}])
+    dist = run("full", 2, [epoch(0, 91.0, 96.0, 100.0), epoch(1, 50.0, 60.0, 100.0),
+                           epoch(2, 50.0, 60.0, 120.0), {"event": "test", "test_ppl": 58.0}])
+    rows = results.table([single, dist])
+    assert rows[2] == ("| small | full | 3 | 50.00 / 51.00 | 60.00 / 61.00 | 58.00 / 59.00 | "
+                       "100.0 s | 80.0 s | 0.80× |")
+
+
+def test_a_run_without_its_2_worker_partner_gets_dashes_in_that_column():
+    single = run("partial", 1, [epoch(0, 300.0, 200.0, 50.0), {"event": "test", "test_ppl": 190.0}])
+    assert results.table([single])[2] == ("| small | partial (1 of 13 epochs) | 1 | — / 300.00 | "
+                                          "— / 200.00 | — / 190.00 | — | 50.0 s | — |")
+
+
+def test_the_readme_table_is_what_make_results_builds_from_the_committed_logs():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    block = "\n".join([results.BEGIN, *results.results_block(results.load_all()), results.END])
+    assert block in readme, "README.md's results table is stale: run `make results` and commit"
