@@ -3,10 +3,11 @@
     make bench          # or: .venv/bin/python scripts/benchmark.py [--quick]
 
 Every words/sec figure is the median over timed windows of the trainer's own progress
-events (`--log_every` steps each), the first window (tracing, warm-up) left out. The full mode
-runs the small-config runs in 3 rounds, one after the other within each round, and gives each
-speedup as the median of the ratios within a round, so that a drift of this shared machine's
-speed between rounds does not become a speedup.
+events (`--log_every` steps each), the first window (tracing, warm-up) left out; for trainers
+run side by side, the sum of their medians. The full mode runs the small-config runs in 3
+rounds, one after the other within each round, and gives each speedup as the median of the
+ratios within a round, so that a drift of this shared machine's speed between rounds does not
+become a speedup.
 """
 import argparse
 import json
@@ -129,18 +130,31 @@ def ablations(reps=15):
     return out
 
 
-def run_trainer(launcher, config_name, steps, log_every, data_path, extra=()):
-    """Run a trainer for `steps` steps; returns (median window wps, windows, peak RSS MB of the
-    trainer, rank 0 under mpirun, from its epoch event)."""
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [*launcher, "--config", config_name, "--data_path", data_path, "--output_dir", out,
-               "--set", f"steps_per_epoch={steps}", "--set", "num_epochs=1",
-               "--set", "eval_steps=1", "--log_every", str(log_every), *extra]
-        proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if proc.returncode:
-            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr.decode()}")
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            events = [json.loads(line) for line in f]
+def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), copies=1):
+    """Run `copies` of a trainer side by side for `steps` steps each; returns (the sum of their
+    median window wps, windows, peak RSS MB of one trainer, rank 0 under mpirun)."""
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, str(i)) for i in range(copies)]
+        cmds = [[*launcher, "--config", config_name, "--data_path", data_path, "--output_dir", out,
+                 "--set", f"steps_per_epoch={steps}", "--set", "num_epochs=1",
+                 "--set", "eval_steps=1", "--log_every", str(log_every), *extra] for out in outs]
+        procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for cmd in cmds]
+        for cmd, proc in zip(cmds, procs):
+            stderr = proc.communicate()[1]
+            if proc.returncode:
+                raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{stderr.decode()}")
+        for out in outs:
+            results.append(window_wps(os.path.join(out, "metrics.jsonl")))
+    wps, windows, rss = zip(*results)
+    return sum(wps), windows[0], max(rss)
+
+
+def window_wps(metrics_path):
+    """(median words/sec over the progress windows after the first, windows, peak RSS MB)."""
+    with open(metrics_path) as f:
+        events = [json.loads(line) for line in f]
     progress = [e for e in events if e["event"] == "progress"]
     cfg = progress[0]["config"]
     words = cfg["batch_size"] * cfg["num_steps"]
@@ -172,25 +186,30 @@ def main(argv=None):
     rows, result = [], {"cores": cores, "matmul_gflops": gflops, "small_step_profile_ms": profile,
                         "ablation_fwd_bwd_ms": ablation,
                         "small_flops_per_word": flops_per_word(small), "small_wps_ceiling": ceiling}
-    runs = {
-        "small_single_all_cores": (py + ["lm_ptb.py"], "config_small", steps[0], ()),
+    half_batch = ("--threads", "1", "--set", "batch_size=10")
+    runs = {  # name: (launcher, config, steps, extra flags, copies side by side)
+        "small_single_all_cores": (py + ["lm_ptb.py"], "config_small", steps[0], (), 1),
         "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", steps[0] // 2,
-                                ("--threads", "1")),
+                                ("--threads", "1"), 1),
         "small_2ranks_1thread": (mpirun + ["-np", "2"] + dist, "config_small", steps[0] // 2,
-                                 ("--threads", "1")),
+                                 ("--threads", "1"), 1),
         # what each of the 2 ranks runs: half the rows, one core
         "small_1rank_1thread_half_batch": (mpirun + ["-np", "1"] + dist, "config_small",
-                                           steps[0] // 2, ("--threads", "1", "--set", "batch_size=10")),
-        "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], ()),
+                                           steps[0] // 2, half_batch, 1),
+        # the same two at once, but no allreduce: the most 2 ranks can reach on these cores
+        "small_2procs_half_batch_no_allreduce": (py + ["lm_ptb.py"], "config_small",
+                                                 steps[0] // 2, half_batch, 2),
+        "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], (), 1),
     }
     # Rounds of all the small runs in turn: the speedups are medians of ratios within a round,
     # so a drift of the machine's speed between rounds cancels out.
     rounds = [{} for _ in range(1 if args.quick else 3)]
     for i, measured in enumerate(rounds):
-        for name, (launcher, cfg_name, n, extra) in runs.items():
+        for name, (launcher, cfg_name, n, extra, copies) in runs.items():
             if i and not name.startswith("small"):
                 continue
-            wps, windows, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra)
+            wps, windows, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra,
+                                            copies)
             measured[name] = {"wps": wps, "windows": windows, "peak_rss_mb": rss}
             print(f"  round {i + 1}, {name}: {wps:,.0f} wps (median of {windows} windows), "
                   f"peak RSS {rss:,.0f} MB", flush=True)
@@ -208,6 +227,9 @@ def main(argv=None):
     result["small_2_vs_1_rank_speedup"] = ratio("small_2ranks_1thread", "small_1rank_1thread")
     result["small_2ranks_vs_single_process"] = ratio("small_2ranks_1thread",
                                                      "small_single_all_cores")
+    no_allreduce = "small_2procs_half_batch_no_allreduce"
+    result["small_no_allreduce_vs_single_process"] = ratio(no_allreduce, "small_single_all_cores")
+    result["small_2ranks_vs_no_allreduce"] = ratio("small_2ranks_1thread", no_allreduce)
     rows = [
         ("fp32 matmul ceiling (2048², all cores)", f"{gflops:,.0f} GFLOP/s"),
         ("small: FLOPs per word (fwd + bwd)", f"{flops_per_word(small) / 1e6:.1f} MFLOP"),
@@ -219,7 +241,11 @@ def main(argv=None):
                                        f"(speedup {result['small_2_vs_1_rank_speedup']:.2f}x)"),
         ("small, 2 ranks x 1 thread / single process", f"{result['small_2ranks_vs_single_process']:.2f}x"),
         ("small, 1 rank x 1 thread, half batch", f"{result['small_1rank_1thread_half_batch']['wps']:,.0f} wps"
-                                                  " (bound for 2 ranks: twice this)"),
+                                                  " (alone on the machine)"),
+        ("small, 2 such processes at once, no allreduce", f"{result[no_allreduce]['wps']:,.0f} wps "
+         f"({result['small_no_allreduce_vs_single_process']:.2f}x the single process): "
+         "the bound for 2 ranks"),
+        ("small, 2 ranks x 1 thread / that bound", f"{result['small_2ranks_vs_no_allreduce']:.2f}x"),
         ("medium, single process, all cores", f"{result['medium_single_all_cores']['wps']:,.0f} wps"),
         ("peak RSS, small single / rank 0 of 2", f"{result['small_single_all_cores']['peak_rss_mb']:,.0f}"
                                                f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
