@@ -4,10 +4,10 @@
 
 Every words/sec figure is the median over timed windows of the trainer's own progress
 events (`--log_every` steps each), the first window (tracing, warm-up) left out; for trainers
-run side by side, the sum of their medians. The full mode runs the small-config runs in 3
-rounds, one after the other within each round, and gives each speedup as the median of the
-ratios within a round, so that a drift of this shared machine's speed between rounds does not
-become a speedup.
+run side by side, all their words over the time all of them ran. The full mode runs the
+small-config runs in 3 rounds, one after the other within each round, and gives each speedup as
+the median of the ratios within a round, so that a drift of this shared machine's speed between
+rounds does not become a speedup.
 """
 import argparse
 import json
@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -77,7 +79,6 @@ def timed_alternately(runs, reps):
 
 def profile_small(reps=15):
     """Where a small-config train step's time goes: the real step, and its parts alone."""
-    import numpy as np
     import tensorflow as tf
     from utils import training
     from utils.model import build_model, sequence_loss, unrolled_lstm
@@ -103,7 +104,6 @@ def profile_small(reps=15):
 def ablations(reps=15):
     """The two CPU choices of utils/model.py against what they replaced, forward + backward.
     The two sides of each pair are timed in turns."""
-    import numpy as np
     import tensorflow as tf
     from utils.model import sequence_loss, unrolled_lstm
 
@@ -131,9 +131,10 @@ def ablations(reps=15):
 
 
 def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), copies=1):
-    """Run `copies` of a trainer side by side for `steps` steps each; returns (the sum of their
-    median window wps, windows, peak RSS MB of one trainer, rank 0 under mpirun)."""
-    results = []
+    """Run `copies` of a trainer side by side for `steps` steps each; returns (words/sec, how it
+    was measured, peak RSS MB of one trainer, rank 0 under mpirun). One trainer: the median of
+    its windows. Several: all their words while all of them run, over that time, so that a copy
+    still starting or already done does not count as running beside the others."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, str(i)) for i in range(copies)]
         cmds = [[*launcher, "--config", config_name, "--data_path", data_path, "--output_dir", out,
@@ -145,23 +146,31 @@ def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), co
             stderr = proc.communicate()[1]
             if proc.returncode:
                 raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{stderr.decode()}")
-        for out in outs:
-            results.append(window_wps(os.path.join(out, "metrics.jsonl")))
-    wps, windows, rss = zip(*results)
-    return sum(wps), windows[0], max(rss)
+        runs = [read_progress(os.path.join(out, "metrics.jsonl")) for out in outs]
+    rss = max(r[3] for r in runs)
+    if copies == 1:
+        times, done, words, _ = runs[0]
+        windows = [(b - a) * words / (t1 - t0)
+                   for a, b, t0, t1 in zip(done, done[1:], times, times[1:])]
+        return statistics.median(windows), f"median of {len(windows)} windows", rss
+    start, end = max(r[0][0] for r in runs), min(r[0][-1] for r in runs)
+    if end - start < 1:
+        raise SystemExit(f"benchmark: the {copies} copies of {config_name} did not run together")
+    words = sum((np.interp(end, times, done) - np.interp(start, times, done)) * per_step
+                for times, done, per_step, _ in runs)
+    return words / (end - start), f"{copies} copies together for {end - start:.1f} s", rss
 
 
-def window_wps(metrics_path):
-    """(median words/sec over the progress windows after the first, windows, peak RSS MB)."""
+def read_progress(metrics_path):
+    """(times, steps done, words per step, peak RSS MB) of a run, from its first progress
+    event on: the steps before it include the tracing."""
     with open(metrics_path) as f:
         events = [json.loads(line) for line in f]
     progress = [e for e in events if e["event"] == "progress"]
     cfg = progress[0]["config"]
-    words = cfg["batch_size"] * cfg["num_steps"]
-    windows = [(b["step"] - a["step"]) * words / (b["time"] - a["time"])
-               for a, b in zip(progress, progress[1:])]
     rss = max(e["peak_rss_mb"] for e in events if e["event"] == "epoch")
-    return statistics.median(windows), len(windows), rss
+    return ([e["time"] for e in progress], [e["step"] for e in progress],
+            cfg["batch_size"] * cfg["num_steps"], rss)
 
 
 def main(argv=None):
@@ -208,15 +217,14 @@ def main(argv=None):
         for name, (launcher, cfg_name, n, extra, copies) in runs.items():
             if i and not name.startswith("small"):
                 continue
-            wps, windows, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra,
-                                            copies)
-            measured[name] = {"wps": wps, "windows": windows, "peak_rss_mb": rss}
-            print(f"  round {i + 1}, {name}: {wps:,.0f} wps (median of {windows} windows), "
-                  f"peak RSS {rss:,.0f} MB", flush=True)
+            wps, how, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra, copies)
+            measured[name] = {"wps": wps, "measured": how, "peak_rss_mb": rss}
+            print(f"  round {i + 1}, {name}: {wps:,.0f} wps ({how}), peak RSS {rss:,.0f} MB",
+                  flush=True)
     for name in runs:
         per_round = [r[name] for r in rounds if name in r]
         result[name] = {"wps": statistics.median(r["wps"] for r in per_round),
-                        "windows": sum(r["windows"] for r in per_round),
+                        "measured": [r["measured"] for r in per_round],
                         "peak_rss_mb": max(r["peak_rss_mb"] for r in per_round),
                         "wps_per_round": [r["wps"] for r in per_round]}
 
