@@ -12,7 +12,7 @@ RUN_DIR = runs/$(CONFIG)-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup data single bench bench-quick results netstudy
+.PHONY: train test setup data single bench bench-quick bench-tune results netstudy
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -36,6 +36,9 @@ bench: setup data
 
 bench-quick: setup data
 	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH)
+
+bench-tune: setup data
+	$(PY) scripts/benchmark.py --tune --data_path $(PTB_DATA_PATH) --out runs/bench-tune.json
 
 results: setup
 	$(PY) scripts/results.py build

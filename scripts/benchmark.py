@@ -1,6 +1,6 @@
 """Throughput benchmark: the real trainers on real PTB, one table and one JSON file.
 
-    make bench          # or: .venv/bin/python scripts/benchmark.py [--quick]
+    make bench          # or: .venv/bin/python scripts/benchmark.py [--quick | --tune]
 
 Every words/sec figure is the median over timed windows of the trainer's own progress
 events (`--log_every` steps each), the first window (tracing, warm-up) left out; for trainers
@@ -173,9 +173,61 @@ def read_progress(metrics_path):
             cfg["batch_size"] * cfg["num_steps"], rss)
 
 
+def run_rounds(runs, n_rounds, data_path):
+    """Rounds of the small runs in turn (the others in the first round only): speedups are then
+    medians of ratios within a round, so a drift of the machine's speed between rounds cancels
+    out. Returns (the rounds, per run: median wps and what was measured)."""
+    rounds = [{} for _ in range(n_rounds)]
+    for i, measured in enumerate(rounds):
+        for name, (launcher, cfg_name, n, extra, copies) in runs.items():
+            if i and not name.startswith("small"):
+                continue
+            wps, how, rss = run_trainer(launcher, cfg_name, n, 10, data_path, extra, copies)
+            measured[name] = {"wps": wps, "measured": how, "peak_rss_mb": rss}
+            print(f"  round {i + 1}, {name}: {wps:,.0f} wps ({how}), peak RSS {rss:,.0f} MB",
+                  flush=True)
+    summary = {}
+    for name in runs:
+        per_round = [r[name] for r in rounds if name in r]
+        summary[name] = {"wps": statistics.median(r["wps"] for r in per_round),
+                         "measured": [r["measured"] for r in per_round],
+                         "peak_rss_mb": max(r["peak_rss_mb"] for r in per_round),
+                         "wps_per_round": [r["wps"] for r in per_round]}
+    return rounds, summary
+
+
+def median_ratio(rounds, a, b):
+    return statistics.median(r[a]["wps"] / r[b]["wps"] for r in rounds)
+
+
+def tune(args, launchers, steps=300, n_rounds=3):
+    """Horovod's settings for 2 ranks sharing one CPU host, each against the default, in turns."""
+    py, mpirun, dist = launchers
+    two_ranks = mpirun + ["-np", "2"]
+    one_thread = ("--threads", "1")
+    variants = {"default": [], "HOROVOD_CYCLE_TIME=1": ["-x", "HOROVOD_CYCLE_TIME=1"],
+                "HOROVOD_CYCLE_TIME=0.2": ["-x", "HOROVOD_CYCLE_TIME=0.2"],
+                "HOROVOD_FUSION_THRESHOLD=0": ["-x", "HOROVOD_FUSION_THRESHOLD=0"]}
+    runs = {f"small, 2 ranks, {name}": (two_ranks + x + dist, "config_small", steps, one_thread, 1)
+            for name, x in variants.items()}
+    runs["small, 2 ranks, fp16_allreduce=True"] = (
+        two_ranks + dist, "config_small", steps, one_thread + ("--set", "fp16_allreduce=True"), 1)
+    runs["small, single process (reference)"] = (py + ["lm_ptb.py"], "config_small", 2 * steps, (), 1)
+    rounds, summary = run_rounds(runs, n_rounds, args.data_path)
+    default = "small, 2 ranks, default"
+    print(f"\nHorovod settings, 2 ranks x 1 thread on one host ({n_rounds} rounds in turns; "
+          "ratios are medians of within-round ratios)")
+    for name in runs:
+        print(f"  {name:<46} {summary[name]['wps']:6,.0f} wps  "
+              f"{median_ratio(rounds, name, default):.2f}x the default")
+    return summary
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps; under 3 minutes")
+    p.add_argument("--tune", action="store_true",
+                   help="only Horovod's settings for 2 ranks on this host (about 12 minutes)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
     args = p.parse_args(argv)
@@ -186,6 +238,12 @@ def main(argv=None):
               "--oversubscribe", "-bind-to", "none"]
     dist = [sys.executable, "lm_ptb_distributed.py"]
     cores = len(os.sched_getaffinity(0))
+    if args.tune:
+        result = tune(args, (py, mpirun, dist))
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return
 
     gflops = matmul_gflops()
     reps = 9 if args.quick else 15
@@ -210,34 +268,17 @@ def main(argv=None):
                                                  steps[0] // 2, half_batch, 2),
         "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], (), 1),
     }
-    # Rounds of all the small runs in turn: the speedups are medians of ratios within a round,
-    # so a drift of the machine's speed between rounds cancels out.
-    rounds = [{} for _ in range(1 if args.quick else 3)]
-    for i, measured in enumerate(rounds):
-        for name, (launcher, cfg_name, n, extra, copies) in runs.items():
-            if i and not name.startswith("small"):
-                continue
-            wps, how, rss = run_trainer(launcher, cfg_name, n, 10, args.data_path, extra, copies)
-            measured[name] = {"wps": wps, "measured": how, "peak_rss_mb": rss}
-            print(f"  round {i + 1}, {name}: {wps:,.0f} wps ({how}), peak RSS {rss:,.0f} MB",
-                  flush=True)
-    for name in runs:
-        per_round = [r[name] for r in rounds if name in r]
-        result[name] = {"wps": statistics.median(r["wps"] for r in per_round),
-                        "measured": [r["measured"] for r in per_round],
-                        "peak_rss_mb": max(r["peak_rss_mb"] for r in per_round),
-                        "wps_per_round": [r["wps"] for r in per_round]}
+    rounds, summary = run_rounds(runs, 1 if args.quick else 3, args.data_path)
+    result.update(summary)
 
-    def ratio(a, b):
-        return statistics.median(r[a]["wps"] / r[b]["wps"] for r in rounds)
     single = result["small_single_all_cores"]["wps"]
     result["small_share_of_ceiling"] = single / ceiling
-    result["small_2_vs_1_rank_speedup"] = ratio("small_2ranks_1thread", "small_1rank_1thread")
-    result["small_2ranks_vs_single_process"] = ratio("small_2ranks_1thread",
-                                                     "small_single_all_cores")
-    no_allreduce = "small_2procs_half_batch_no_allreduce"
-    result["small_no_allreduce_vs_single_process"] = ratio(no_allreduce, "small_single_all_cores")
-    result["small_2ranks_vs_no_allreduce"] = ratio("small_2ranks_1thread", no_allreduce)
+    two, no_allreduce = "small_2ranks_1thread", "small_2procs_half_batch_no_allreduce"
+    result["small_2_vs_1_rank_speedup"] = median_ratio(rounds, two, "small_1rank_1thread")
+    result["small_2ranks_vs_single_process"] = median_ratio(rounds, two, "small_single_all_cores")
+    result["small_no_allreduce_vs_single_process"] = median_ratio(rounds, no_allreduce,
+                                                                  "small_single_all_cores")
+    result["small_2ranks_vs_no_allreduce"] = median_ratio(rounds, two, no_allreduce)
     rows = [
         ("fp32 matmul ceiling (2048², all cores)", f"{gflops:,.0f} GFLOP/s"),
         ("small: FLOPs per word (fwd + bwd)", f"{flops_per_word(small) / 1e6:.1f} MFLOP"),
