@@ -227,7 +227,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps; under 3 minutes")
     p.add_argument("--tune", action="store_true",
-                   help="only Horovod's settings for 2 ranks on this host (about 12 minutes)")
+                   help="only Horovod's settings for 2 ranks on this host (about 15 minutes)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
     args = p.parse_args(argv)
