@@ -201,25 +201,31 @@ def median_ratio(rounds, a, b):
 
 
 def tune(args, launchers, steps=300, n_rounds=3):
-    """Horovod's settings for 2 ranks sharing one CPU host, each against the default, in turns."""
+    """Horovod's settings for 2 ranks sharing one CPU host, and the trainer's parameter
+    averaging, each against the defaults, in turns."""
     py, mpirun, dist = launchers
-    two_ranks = mpirun + ["-np", "2"]
-    one_thread = ("--threads", "1")
-    variants = {"default": [], "HOROVOD_CYCLE_TIME=1": ["-x", "HOROVOD_CYCLE_TIME=1"],
-                "HOROVOD_CYCLE_TIME=0.2": ["-x", "HOROVOD_CYCLE_TIME=0.2"],
-                "HOROVOD_FUSION_THRESHOLD=0": ["-x", "HOROVOD_FUSION_THRESHOLD=0"]}
-    runs = {f"small, 2 ranks, {name}": (two_ranks + x + dist, "config_small", steps, one_thread, 1)
-            for name, x in variants.items()}
-    runs["small, 2 ranks, fp16_allreduce=True"] = (
-        two_ranks + dist, "config_small", steps, one_thread + ("--set", "fp16_allreduce=True"), 1)
-    runs["small, single process (reference)"] = (py + ["lm_ptb.py"], "config_small", 2 * steps, (), 1)
+    fast = ["-x", "HOROVOD_CYCLE_TIME=0.2", "-x", "HOROVOD_FUSION_THRESHOLD=0"]
+    variants = {  # name: (mpirun flags, trainer flags)
+        "default": ([], ()),
+        "HOROVOD_CYCLE_TIME=0.2": (fast[:2], ()),
+        "HOROVOD_FUSION_THRESHOLD=0": (fast[2:], ()),
+        "both of these": (fast, ()),
+        "fp16_allreduce=True": ([], ("--set", "fp16_allreduce=True")),
+        "reduce_type='param' (every 10 steps)": ([], ("--set", "reduce_type='param'")),
+    }
+    runs = {f"small, 2 ranks, {name}": (mpirun + ["-np", "2"] + x + dist, "config_small", steps,
+                                        ("--threads", "1") + flags, 1)
+            for name, (x, flags) in variants.items()}
+    single = "small, single process (reference)"
+    runs[single] = (py + ["lm_ptb.py"], "config_small", 2 * steps, (), 1)
     rounds, summary = run_rounds(runs, n_rounds, args.data_path)
     default = "small, 2 ranks, default"
-    print(f"\nHorovod settings, 2 ranks x 1 thread on one host ({n_rounds} rounds in turns; "
-          "ratios are medians of within-round ratios)")
+    print(f"\n2 ranks x 1 thread on one host ({n_rounds} rounds in turns; ratios are medians of "
+          "within-round ratios)")
     for name in runs:
-        print(f"  {name:<46} {summary[name]['wps']:6,.0f} wps  "
-              f"{median_ratio(rounds, name, default):.2f}x the default")
+        print(f"  {name:<50} {summary[name]['wps']:6,.0f} wps  "
+              f"{median_ratio(rounds, name, default):.2f}x the default  "
+              f"{median_ratio(rounds, name, single):.2f}x the single process")
     return summary
 
 
@@ -227,7 +233,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps; under 3 minutes")
     p.add_argument("--tune", action="store_true",
-                   help="only Horovod's settings for 2 ranks on this host (about 15 minutes)")
+                   help="only Horovod's settings and parameter averaging for 2 ranks on this host "
+                        "(about 15 minutes)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
     args = p.parse_args(argv)
