@@ -223,7 +223,7 @@ def tune(args, launchers, steps=300, n_rounds=3):
     print(f"\n2 ranks x 1 thread on one host ({n_rounds} rounds in turns; ratios are medians of "
           "within-round ratios)")
     for name in runs:
-        print(f"  {name:<50} {summary[name]['wps']:6,.0f} wps  "
+        print(f"  {name:<54} {summary[name]['wps']:6,.0f} wps  "
               f"{median_ratio(rounds, name, default):.2f}x the default  "
               f"{median_ratio(rounds, name, single):.2f}x the single process")
     return summary
