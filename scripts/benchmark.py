@@ -11,6 +11,7 @@ rounds does not become a speedup.
 """
 import argparse
 import json
+from collections import namedtuple
 import os
 import statistics
 import subprocess
@@ -147,18 +148,21 @@ def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), co
             if proc.returncode:
                 raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{stderr.decode()}")
         runs = [read_progress(os.path.join(out, "metrics.jsonl")) for out in outs]
-    rss = max(r[3] for r in runs)
+    rss = max(r.peak_rss_mb for r in runs)
     if copies == 1:
         times, done, words, _ = runs[0]
         windows = [(b - a) * words / (t1 - t0)
                    for a, b, t0, t1 in zip(done, done[1:], times, times[1:])]
         return statistics.median(windows), f"median of {len(windows)} windows", rss
-    start, end = max(r[0][0] for r in runs), min(r[0][-1] for r in runs)
+    start, end = max(r.times[0] for r in runs), min(r.times[-1] for r in runs)
     if end - start < 1:
         raise SystemExit(f"benchmark: the {copies} copies of {config_name} did not run together")
     words = sum((np.interp(end, times, done) - np.interp(start, times, done)) * per_step
                 for times, done, per_step, _ in runs)
     return words / (end - start), f"{copies} copies together for {end - start:.1f} s", rss
+
+
+Progress = namedtuple("Progress", "times steps words_per_step peak_rss_mb")
 
 
 def read_progress(metrics_path):
@@ -169,8 +173,8 @@ def read_progress(metrics_path):
     progress = [e for e in events if e["event"] == "progress"]
     cfg = progress[0]["config"]
     rss = max(e["peak_rss_mb"] for e in events if e["event"] == "epoch")
-    return ([e["time"] for e in progress], [e["step"] for e in progress],
-            cfg["batch_size"] * cfg["num_steps"], rss)
+    return Progress([e["time"] for e in progress], [e["step"] for e in progress],
+                    cfg["batch_size"] * cfg["num_steps"], rss)
 
 
 def run_rounds(runs, n_rounds, data_path):
@@ -229,6 +233,13 @@ def tune(args, launchers, steps=300, n_rounds=3):
     return summary
 
 
+def write_result(result, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"  written to {path}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps; under 3 minutes")
@@ -246,11 +257,7 @@ def main(argv=None):
     dist = [sys.executable, "lm_ptb_distributed.py"]
     cores = len(os.sched_getaffinity(0))
     if args.tune:
-        result = tune(args, (py, mpirun, dist))
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-        return
+        return write_result(tune(args, (py, mpirun, dist)), args.out)
 
     gflops = matmul_gflops()
     reps = 9 if args.quick else 15
@@ -313,10 +320,7 @@ def main(argv=None):
           f"{len(rounds)} round{'s' if len(rounds) > 1 else ''} of the small runs)")
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"  written to {args.out}")
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":
