@@ -72,32 +72,75 @@ def test_lstm_layers_keep_the_cudnn_conditions(model):
 def test_lstm_implementation_is_chosen_by_device():
     from utils.model import choose_lstm_impl
     assert choose_lstm_impl(gpus=["/device:GPU:0"]) == "keras"  # cuDNN on GPUs
-    assert choose_lstm_impl(gpus=[]) == "unrolled"
+    assert choose_lstm_impl(gpus=[]) == "bptt"
     assert not tf.config.list_logical_devices("GPU")
-    assert build_model(config.load_config("config_small"), 20).lstm_impl == "unrolled"
+    assert build_model(config.load_config("config_small"), 20).lstm_impl == "bptt"
 
 
-def test_unrolled_lstm_equals_keras_lstm_in_value_and_gradient():
+def _layer_outputs_and_gradients(lstm, run, x, h, c, weights):
+    """A loss that weighs every output and both final states differently, its value pieces and
+    its gradients with respect to the weights, the input and the carried-in state."""
+    with tf.GradientTape() as tape:
+        tape.watch([x, h, c])
+        outputs, h_out, c_out = run(x, h, c)
+        loss = (tf.reduce_sum(outputs * weights) + tf.reduce_sum(h_out * 0.3)
+                + tf.reduce_sum(c_out * 0.7))
+    grads = tape.gradient(loss, [*lstm.trainable_variables, x, h, c])
+    return [outputs, h_out, c_out] + grads
+
+
+@pytest.mark.parametrize("batch, steps, units", [(20, 20, 200), (20, 35, 650)],
+                         ids=["small", "medium"])
+def test_bptt_lstm_equals_keras_and_unrolled_in_value_and_gradient(batch, steps, units):
+    """The hand-written backward pass against autodiff of two independent forwards."""
+    from utils.model import bptt_lstm, unrolled_lstm
+    tf.keras.utils.set_random_seed(7)
+    lstm = tf.keras.layers.LSTM(units, return_sequences=True, return_state=True,
+                                kernel_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1),
+                                recurrent_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1),
+                                bias_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1))
+    x = tf.random.stateless_normal([batch, steps, units], [7, 0])
+    h = tf.random.stateless_normal([batch, units], [7, 1]) * 0.5
+    c = tf.random.stateless_normal([batch, units], [7, 2])
+    weights = tf.random.stateless_normal([batch, steps, units], [7, 3])
+    lstm(x)
+    runs = {"keras": lambda x, h, c: lstm(x, initial_state=[h, c]),
+            "unrolled": lambda x, h, c: unrolled_lstm(lstm.cell, x, h, c),
+            "bptt": lambda x, h, c: bptt_lstm(lstm.cell, x, h, c)}
+    got = {name: _layer_outputs_and_gradients(lstm, tf.function(run), x, h, c, weights)
+           for name, run in runs.items()}
+    names = ["outputs", "h", "c", "d kernel", "d recurrent kernel", "d bias", "d x", "d h", "d c"]
+    for reference in ("keras", "unrolled"):
+        for name, a, b in zip(names, got[reference], got["bptt"]):
+            a, b = np.asarray(a), np.asarray(b)
+            # relative to the tensor's scale: single elements near 0 have no relative precision
+            assert np.abs(b - a).max() <= 1e-5 * np.abs(a).max(), (reference, name)
+    assert np.abs(np.asarray(got["bptt"][3])).max() > 1e-3  # the gradients are not all zero
+
+
+def test_models_of_the_three_lstm_paths_agree_in_value_and_gradient():
     cfg = dict(config.load_config("config_small"), hidden_size=24)
     tf.keras.utils.set_random_seed(3)
     keras_model = build_model(cfg, 40, lstm_impl="keras")
-    fast_model = build_model(cfg, 40, lstm_impl="unrolled")
-    fast_model.set_weights(keras_model.get_weights())  # same variables, same layout
+    others = [build_model(cfg, 40, lstm_impl=impl) for impl in ("unrolled", "bptt")]
+    for m in others:
+        m.set_weights(keras_model.get_weights())  # same variables, same layout
     x = tf.constant(np.random.RandomState(3).randint(0, 40, size=(4, 9)), tf.int32)
     results = []
-    for m in (keras_model, fast_model):
+    for m in [keras_model, *others]:
         state = tuple((tf.random.stateless_normal([4, 24], [i, 0]),
                        tf.random.stateless_normal([4, 24], [i, 1])) for i in range(2))
         with tf.GradientTape() as tape:
             logits, new_state = m(x, state, training=True)
             loss = sequence_loss(logits, x)
         results.append((logits, new_state[1][1], tape.gradient(loss, m.trainable_variables)))
-    (la, sa, ga), (lb, sb, gb) = results
-    np.testing.assert_allclose(lb, la, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(sb, sa, rtol=1e-5, atol=1e-5)
-    for a, b in zip(ga, gb):
-        np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a),
-                                   rtol=1e-4, atol=1e-6)
+    la, sa, ga = results[0]
+    for lb, sb, gb in results[1:]:
+        np.testing.assert_allclose(lb, la, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(sb, sa, rtol=1e-5, atol=1e-5)
+        for a, b in zip(ga, gb):
+            np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a),
+                                       rtol=1e-4, atol=1e-6)
 
 
 def test_sequence_loss_equals_tensorflows_cross_entropy():
