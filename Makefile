@@ -12,7 +12,7 @@ RUN_DIR = runs/$(CONFIG)-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup data single bench bench-quick bench-tune results netstudy
+.PHONY: train test setup data single bench bench-quick bench-tune results netstudy peer
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -31,11 +31,19 @@ setup:
 data: setup
 	$(PY) -m data.ptb --data_path $(PTB_DATA_PATH)
 
-bench: setup data
+bench: setup data peer
 	$(PY) scripts/benchmark.py --data_path $(PTB_DATA_PATH)
 
-bench-quick: setup data
+bench-quick: setup data peer
 	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH)
+
+# PyTorch CPU for the benchmark's peer rows, in a venv of its own; if it cannot be installed,
+# the benchmark says so in one line and prints the rest.
+peer:
+	@test -x .venv-peer/bin/python || python3.11 -m venv .venv-peer
+	@.venv-peer/bin/python -c "import torch" 2>/dev/null || \
+	    .venv-peer/bin/python -m pip install -q -r requirements-peer.txt || \
+	    echo "peer: PyTorch not installed into .venv-peer; the benchmark leaves out its rows"
 
 bench-tune: setup data
 	$(PY) scripts/benchmark.py --tune --data_path $(PTB_DATA_PATH) --out runs/bench-tune.json

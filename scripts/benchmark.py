@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from utils import config  # noqa: E402
 from utils.config import DEFAULT_DATA_PATH  # noqa: E402
+from scripts.record_env import cpu_model  # noqa: E402
 
 VOCAB = 10000
 
@@ -82,7 +83,7 @@ def profile_small(reps=15):
     """Where a small-config train step's time goes: the real step, and its parts alone."""
     import tensorflow as tf
     from utils import training
-    from utils.model import build_model, sequence_loss, unrolled_lstm
+    from utils.model import bptt_lstm, build_model, sequence_loss, unrolled_lstm
     cfg = config.load_config("config_small")
     b, t, h = cfg["batch_size"], cfg["num_steps"], cfg["hidden_size"]
     model = build_model(cfg, VOCAB)
@@ -95,8 +96,8 @@ def profile_small(reps=15):
         "whole train step": lambda: step(x, x, state),
         "softmax projection + loss, fwd+bwd": fwd_bwd(
             lambda: sequence_loss(model.softmax(hidden), x), model.softmax.trainable_variables),
-        "one LSTM layer (unrolled), fwd+bwd": fwd_bwd(
-            lambda: tf.reduce_sum(unrolled_lstm(model.lstms[0].cell, hidden, *state[0])[0]),
+        "one LSTM layer, fwd+bwd": fwd_bwd(
+            lambda: tf.reduce_sum(bptt_lstm(model.lstms[0].cell, hidden, *state[0])[0]),
             model.lstms[0].trainable_variables),
     }
     return dict(zip(parts, timed_alternately(list(parts.values()), reps)))
@@ -106,7 +107,7 @@ def ablations(reps=15):
     """The two CPU choices of utils/model.py against what they replaced, forward + backward.
     The two sides of each pair are timed in turns."""
     import tensorflow as tf
-    from utils.model import sequence_loss, unrolled_lstm
+    from utils.model import bptt_lstm, sequence_loss, unrolled_lstm
 
     logits = tf.Variable(tf.random.normal([20, 20, VOCAB]))
     targets = tf.constant(np.random.RandomState(0).randint(0, VOCAB, (20, 20)), tf.int32)
@@ -121,14 +122,65 @@ def ablations(reps=15):
         x = tf.random.normal([20, steps, hidden])
         h = c = tf.zeros([20, hidden])
         lstm(x)
-        keras_ms, unrolled_ms = timed_alternately([
-            fwd_bwd(lambda: tf.reduce_sum(lstm(x, initial_state=[h, c])[0]),
-                    lstm.trainable_variables),
-            fwd_bwd(lambda: tf.reduce_sum(unrolled_lstm(lstm.cell, x, h, c)[0]),
-                    lstm.trainable_variables)], reps)
-        out[f"LSTM layer {label}: tf.keras.layers.LSTM"] = keras_ms
-        out[f"LSTM layer {label}: unrolled"] = unrolled_ms
+        paths = {"tf.keras.layers.LSTM": lambda: lstm(x, initial_state=[h, c]),
+                 "unrolled, autodiff": lambda: unrolled_lstm(lstm.cell, x, h, c),
+                 "bptt (ours)": lambda: bptt_lstm(lstm.cell, x, h, c)}
+        times = timed_alternately([fwd_bwd(lambda run=run: tf.reduce_sum(run()[0]),
+                                           lstm.trainable_variables) for run in paths.values()],
+                                  reps)
+        out.update({f"LSTM layer {label}: {name}": ms for name, ms in zip(paths, times)})
     return out
+
+
+LAYERS = {"small": (200, 20), "medium": (650, 35)}  # units, steps; batch 20
+
+
+def layer_vs_peer(peer, n_rounds, reps):
+    """One LSTM layer's fwd+bwd, ours (bptt) and PyTorch's nn.LSTM, in turns for n_rounds:
+    per size, the medians of each side and the median of the within-round ratios."""
+    import tensorflow as tf
+    from utils.model import bptt_lstm
+    out = {}
+    for label, (units, steps) in LAYERS.items():
+        lstm = tf.keras.layers.LSTM(units, return_sequences=True, return_state=True)
+        x = tf.random.normal([20, steps, units])
+        h, c = tf.random.normal([20, units]), tf.random.normal([20, units])
+        lstm(x)
+        ours = fwd_bwd(lambda: tf.reduce_sum(bptt_lstm(lstm.cell, x, h, c)[0]),
+                       lstm.trainable_variables)
+        rounds = []
+        for _ in range(n_rounds):
+            ours_ms = timed_alternately([ours], reps)[0]
+            peer_ms = json.loads(subprocess.run(
+                [peer, PEER_SCRIPT, "--layer", str(units), str(steps), str(reps)], check=True,
+                capture_output=True, text=True).stdout)["ms"]
+            rounds.append((ours_ms, peer_ms))
+        out[label] = {"ours_ms": statistics.median(r[0] for r in rounds),
+                      "pytorch_ms": statistics.median(r[1] for r in rounds),
+                      "ours_vs_pytorch": statistics.median(p / o for o, p in rounds),
+                      "per_round_ms": rounds}
+    return out
+
+
+PEER_SCRIPT = os.path.join(REPO, "scripts", "peer_pytorch.py")
+
+
+def find_peer(path):
+    """The PyTorch peer's interpreter, or None with one line saying why (the rest still runs)."""
+    if not path:
+        return None
+    try:
+        probe = subprocess.run([path, "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True, timeout=120)
+        why = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    except OSError as e:
+        probe, why = None, str(e)
+    if probe is not None and probe.returncode == 0:
+        print(f"  peer: PyTorch {probe.stdout.strip()} ({path})", flush=True)
+        return path
+    print(f"  peer: no PyTorch at {path} ({why}); the PyTorch rows are left out "
+          "(`make bench` installs it into .venv-peer from requirements-peer.txt)", flush=True)
+    return None
 
 
 def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), copies=1):
@@ -178,14 +230,12 @@ def read_progress(metrics_path):
 
 
 def run_rounds(runs, n_rounds, data_path):
-    """Rounds of the small runs in turn (the others in the first round only): speedups are then
-    medians of ratios within a round, so a drift of the machine's speed between rounds cancels
-    out. Returns (the rounds, per run: median wps and what was measured)."""
+    """Rounds of all runs in turn: speedups are then medians of ratios within a round, so a
+    drift of the machine's speed between rounds cancels out. Returns (the rounds, per run:
+    median wps and what was measured)."""
     rounds = [{} for _ in range(n_rounds)]
     for i, measured in enumerate(rounds):
         for name, (launcher, cfg_name, n, extra, copies) in runs.items():
-            if i and not name.startswith("small"):
-                continue
             wps, how, rss = run_trainer(launcher, cfg_name, n, 10, data_path, extra, copies)
             measured[name] = {"wps": wps, "measured": how, "peak_rss_mb": rss}
             print(f"  round {i + 1}, {name}: {wps:,.0f} wps ({how}), peak RSS {rss:,.0f} MB",
@@ -248,9 +298,11 @@ def main(argv=None):
                         "(about 15 minutes)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
+    p.add_argument("--peer_python", default=os.path.join(REPO, ".venv-peer", "bin", "python"),
+                   help="interpreter with PyTorch for the peer rows ('' to leave them out)")
     args = p.parse_args(argv)
     small = config.load_config("config_small")
-    steps = (100, 40) if args.quick else (600, 150)  # (small, medium), at 10 steps a window
+    steps = (100, 40) if args.quick else (600, 100)  # (small, medium), at 10 steps a window
     py = [sys.executable]
     mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
               "--oversubscribe", "-bind-to", "none"]
@@ -259,12 +311,15 @@ def main(argv=None):
     if args.tune:
         return write_result(tune(args, (py, mpirun, dist)), args.out)
 
+    peer = find_peer(args.peer_python)
     gflops = matmul_gflops()
     reps = 9 if args.quick else 15
+    n_rounds = 1 if args.quick else 3
     profile = profile_small(reps)
     ablation = ablations(reps)
     ceiling = gflops * 1e9 / flops_per_word(small)
-    rows, result = [], {"cores": cores, "matmul_gflops": gflops, "small_step_profile_ms": profile,
+    rows, result = [], {"cores": cores, "cpu": cpu_model(), "matmul_gflops": gflops,
+                        "small_step_profile_ms": profile,
                         "ablation_fwd_bwd_ms": ablation,
                         "small_flops_per_word": flops_per_word(small), "small_wps_ceiling": ceiling}
     half_batch = ("--threads", "1", "--set", "batch_size=10")
@@ -282,8 +337,16 @@ def main(argv=None):
                                                  steps[0] // 2, half_batch, 2),
         "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], (), 1),
     }
-    rounds, summary = run_rounds(runs, 1 if args.quick else 3, args.data_path)
+    if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
+        runs["small_pytorch"] = ([peer, PEER_SCRIPT], "config_small", steps[0], (), 1)
+        runs["medium_pytorch"] = ([peer, PEER_SCRIPT], "config_medium", steps[1], (), 1)
+    rounds, summary = run_rounds(runs, n_rounds, args.data_path)
     result.update(summary)
+    if peer:
+        result["layer_vs_pytorch"] = layer_vs_peer(peer, n_rounds, reps)
+        for size in ("small", "medium"):
+            result[f"{size}_single_vs_pytorch"] = median_ratio(
+                rounds, f"{size}_single_all_cores", f"{size}_pytorch")
 
     single = result["small_single_all_cores"]["wps"]
     result["small_share_of_ceiling"] = single / ceiling
@@ -313,11 +376,22 @@ def main(argv=None):
         ("peak RSS, small single / rank 0 of 2", f"{result['small_single_all_cores']['peak_rss_mb']:,.0f}"
                                                f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
     ]
+    if peer:
+        for size in ("small", "medium"):
+            rows.append((f"{size}, PyTorch (same model, all cores)",
+                         f"{result[f'{size}_pytorch']['wps']:,.0f} wps"))
+            rows.append((f"{size}, single process / PyTorch",
+                         f"{result[f'{size}_single_vs_pytorch']:.2f}x"))
+        for size, r in result["layer_vs_pytorch"].items():
+            rows.append((f"one {size} LSTM layer fwd+bwd, ours / PyTorch's",
+                         f"{r['ours_ms']:.1f} / {r['pytorch_ms']:.1f} ms: "
+                         f"{r['ours_vs_pytorch']:.2f}x PyTorch's speed"))
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
     rows += [(f"fwd+bwd {name}", f"{ms:.1f} ms") for name, ms in ablation.items()]
     width = max(len(r[0]) for r in rows)
-    print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores, "
-          f"{len(rounds)} round{'s' if len(rounds) > 1 else ''} of the small runs)")
+    print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores, {cpu_model()}, "
+          f"{len(rounds)} round{'s' if len(rounds) > 1 else ''}; ratios are medians of "
+          "within-round ratios)")
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")
     write_result(result, args.out)
