@@ -12,7 +12,7 @@ RUN_DIR = runs/$(CONFIG)-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup data single bench bench-quick bench-tune results netstudy peer
+.PHONY: train test setup data single bench bench-quick bench-tune results netstudy peer reproduce reproduce-status
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -47,6 +47,14 @@ peer:
 
 bench-tune: setup data
 	$(PY) scripts/benchmark.py --tune --data_path $(PTB_DATA_PATH) --out runs/bench-tune.json
+
+# A results row of many hours (medium: 39 epochs), in the background; run again to continue it
+# from its last checkpoint after a stop. reproduce-status: epoch reached, ETA, logs to results/.
+reproduce: setup data
+	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) --data_path $(PTB_DATA_PATH)
+
+reproduce-status:
+	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP)
 
 results: setup
 	$(PY) scripts/results.py build

@@ -1,0 +1,168 @@
+"""A results row that takes longer than one sitting: start it, or continue it, with one command.
+
+    make reproduce CONFIG=config_medium          # = python scripts/reproduce.py start ...
+    make reproduce-status CONFIG=config_medium   # = python scripts/reproduce.py status ...
+
+`start` launches `mpirun -np NP lm_ptb_distributed.py` in the background (it outlives this
+command, not the machine), with --resume when the run folder has a checkpoint, appending its
+output to <run>/train.log, and records the start (time, commit, CPU, command) as a segment.
+`status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
+results table reads into results/<size>-<NP>workers/ (kind "partial" until the last epoch,
+then "full"), ready to commit. Checkpoints stay in runs/ (about 80 MB for medium; not in git).
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from scripts.record_env import cpu_model  # noqa: E402
+from utils import config  # noqa: E402
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("start", "status"))
+    p.add_argument("--config", default="config_medium")
+    p.add_argument("--np", type=int, default=2, help="Horovod workers on this host")
+    p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="passed to the trainer (bounded runs in the tests)")
+    p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "reproduce"))
+    p.add_argument("--results_dir", default=os.path.join(REPO, "results"))
+    return p.parse_args(argv)
+
+
+def names(args):
+    """(the run folder, the results folder) of this config and worker count."""
+    size = os.path.basename(args.config).removesuffix(".py").removeprefix("config_")
+    return (os.path.join(args.runs_dir, f"{size}-np{args.np}"),
+            os.path.join(args.results_dir, f"{size}-{args.np}workers"))
+
+
+def running(run_dir):
+    """pid of the run's mpirun if it is alive, else None."""
+    try:
+        with open(os.path.join(run_dir, "pid")) as f:
+            pid = int(f.read())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return pid if b"lm_ptb_distributed.py" in f.read() else None
+
+
+def trainer_command(args, run_dir):
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", *root, "-np", str(args.np), "-bind-to", "none", "-map-by", "slot",
+            sys.executable, "lm_ptb_distributed.py", "--config", args.config,
+            "--data_path", args.data_path, "--output_dir", run_dir, "--log_every", "100",
+            *[f for s in args.set for f in ("--set", s)]]
+
+
+def start(args):
+    run_dir, _ = names(args)
+    pid = running(run_dir)
+    if pid:
+        print(f"reproduce: already running (mpirun pid {pid}); "
+              f"`make reproduce-status CONFIG={args.config}` says where it is")
+        return 0
+    os.makedirs(run_dir, exist_ok=True)
+    command = trainer_command(args, run_dir)
+    resume = os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint"))
+    if resume:
+        command.append("--resume")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
+    segment = {"started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit,
+               "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
+               "epochs_done_at_start": checkpoint_epochs(run_dir),
+               "command": shlex.join(command)}
+    with open(os.path.join(run_dir, "segments.jsonl"), "a") as f:
+        f.write(json.dumps(segment) + "\n")
+    with open(os.path.join(run_dir, "train.log"), "a") as log:
+        job = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    with open(os.path.join(run_dir, "pid"), "w") as f:
+        f.write(str(job.pid))
+    print(f"reproduce: {'resumed' if resume else 'started'} {args.config} with {args.np} workers "
+          f"in the background (pid {job.pid}); log {os.path.relpath(run_dir, REPO)}/train.log")
+    return 0
+
+
+def events(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def checkpoint_epochs(run_dir):
+    """Epochs in the newest checkpoint (saved before each epoch's validation, so it can be one
+    ahead of the epoch lines), 0 if none."""
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "checkpoint")) as f:
+            return int(f.readline().split('"')[1].rsplit("-", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def status(args):
+    run_dir, results_dir = names(args)
+    log = events(run_dir)
+    if not log:
+        print(f"reproduce: no run of {args.config} in {run_dir} yet; `make reproduce "
+              f"CONFIG={args.config}` starts it")
+        return 1
+    cfg = log[0]["config"]
+    epochs = [e for e in log if e["event"] == "epoch"]
+    done = any(e["event"] == "test" for e in log)
+    pid = running(run_dir)
+    line = f"reproduce: {args.config}, {len(epochs)} of {cfg['num_epochs']} epochs"
+    if epochs:
+        line += f", last valid ppl {epochs[-1]['valid_ppl']:.2f}"
+    if done:
+        line += f", test ppl {log[-1]['test_ppl']:.2f}: done"
+    elif pid:
+        last = log[-1]
+        line += f", running epoch {last['epoch']}"
+        if last["event"] == "progress":  # the trainer's own estimate, evaluation not counted
+            line += f" (step {last['step']}), ETA {last['eta_s'] / 3600:.1f} h"
+    else:
+        line += f", stopped; `make reproduce CONFIG={args.config}` continues it"
+    print(line)
+    keep(run_dir, results_dir, cfg, done)
+    return 0
+
+
+def keep(run_dir, results_dir, cfg, done):
+    """Copy what the results table reads, so the logs can be committed as the run goes."""
+    os.makedirs(results_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = f.read()
+    with open(os.path.join(results_dir, "metrics.jsonl"), "w") as f:
+        f.write(metrics)
+    with open(os.path.join(run_dir, "segments.jsonl")) as f:
+        segments = [json.loads(line) for line in f]
+    first = segments[0]
+    run = {"kind": "full" if done else "partial", "command": first["command"],
+           "env": {"date_utc": first["started_utc"], "cpu": first["cpu"], "cores": first["cores"],
+                   "commit": first["commit"]},
+           "segments": segments,
+           "resume": f"make reproduce CONFIG={cfg['name']}"}
+    with open(os.path.join(results_dir, "run.json"), "w") as f:
+        json.dump(run, f, indent=1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    return start(args) if args.action == "start" else status(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""`make reproduce`: a long run started in the background, stopped, and continued by the same
+command, with real mpirun ranks and its logs copied for the results table."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.helpers import REPO, TINY
+
+
+def reproduce(action, tmp_path, corpus):
+    args = [sys.executable, "scripts/reproduce.py", action, "--config", TINY,
+            "--runs_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results")]
+    if action == "start":
+        args += ["--data_path", corpus, "--set", "steps_per_epoch=40", "--set", "num_epochs=3",
+                 "--set", "eval_steps=5"]
+    r = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=60)
+    return r.returncode, r.stdout.strip()
+
+
+def wait_for(condition, what, timeout=150):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.3)
+
+
+def test_start_stop_and_continue_with_the_same_command(corpus, tmp_path):
+    run_dir = tmp_path / "runs" / "tiny-np2"
+    assert reproduce("status", tmp_path, corpus)[0] == 1  # nothing to report yet
+    started = time.monotonic()
+    rc, out = reproduce("start", tmp_path, corpus)
+    assert rc == 0 and "started" in out and time.monotonic() - started < 30, out
+    wait_for(lambda: (run_dir / "checkpoints" / "ckpt-1.index").exists(), "first checkpoint")
+    os.killpg(int((run_dir / "pid").read_text()), signal.SIGKILL)  # the machine is taken away
+    wait_for(lambda: "stopped" in reproduce("status", tmp_path, corpus)[1], "stopped status", 30)
+
+    rc, out = reproduce("start", tmp_path, corpus)
+    assert rc == 0 and "resumed" in out, out
+    rc, out = reproduce("start", tmp_path, corpus)  # a second start while it runs
+    assert rc == 0 and "already running" in out, out
+    wait_for(lambda: "done" in reproduce("status", tmp_path, corpus)[1], "finished run")
+    rc, out = reproduce("status", tmp_path, corpus)
+    assert out.startswith("reproduce: ") and "3 of 3 epochs" in out and "test ppl" in out, out
+
+    kept = tmp_path / "results" / "tiny-2workers"
+    events = [json.loads(line) for line in open(kept / "metrics.jsonl")]
+    assert [e["epoch"] for e in events if e["event"] == "epoch"] == [1, 2, 3]
+    assert {e["world_size"] for e in events} == {2}
+    run = json.load(open(kept / "run.json"))
+    assert run["kind"] == "full" and len(run["segments"]) == 2
+    first, second = run["segments"]
+    assert "--resume" not in first["command"] and second["command"].endswith("--resume")
+    assert second["epochs_done_at_start"] >= 1 and second["cpu"] and second["commit"]
+    log = (run_dir / "train.log").read_text()  # both segments' output, appended
+    assert "[ptb] epoch 1/3 done" in log and "[ptb] epoch 3/3 done" in log
