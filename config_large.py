@@ -20,9 +20,9 @@ batch_size = 20
 # Smoke runs and benchmarks: None = the full epoch / the whole valid and test sets.
 steps_per_epoch = None
 eval_steps = None
-# Valid and test are read as eval_batch_size streams cut into eval_num_steps windows, the LSTM
-# state carried across windows. Batch 1 scores every token with its whole left context, as the
-# TF tutorial's 1 x 1 test layout does, in 35 times fewer steps.
+# The final test is read as eval_batch_size streams cut into eval_num_steps windows, the LSTM
+# state carried across windows: batch 1 scores every token with its whole left context. The
+# per-epoch validation takes the training layout (valid_batch_size / valid_num_steps to change).
 eval_batch_size = 1
 eval_num_steps = 35
 # Gradient accumulation: each worker's rows run as this many slices, one backward pass each,

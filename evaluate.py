@@ -2,7 +2,9 @@
 
 Works on the checkpoints of either trainer and never imports Horovod, so a model trained on a
 cluster runs anywhere plain TensorFlow does. The run's config is read from its metrics.jsonl
-and the vocabulary is rebuilt from the training file, exactly as the trainer built it.
+and the vocabulary from its vocab.txt (checked against --data_path's). Perplexity scores the
+whole test set unless --eval_steps says otherwise, whatever the training run used;
+--split valid and --batch_size / --num_steps score the valid set or another window layout.
 
     python evaluate.py perplexity --run runs/config_small-np2
     python evaluate.py generate --run runs/config_small-np2 --prompt "the company said" \\
@@ -20,6 +22,7 @@ import tensorflow as tf
 
 from data import ptb
 from utils import cli, training
+from utils.checkpoints import VOCAB_FILE
 from utils.config import DEFAULT_DATA_PATH, ConfigError
 from utils.model import build_model
 
@@ -33,6 +36,14 @@ def parse_args(argv):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--run", required=True, help="the trainer's --output_dir")
         s.add_argument("--data_path", default=DEFAULT_DATA_PATH)
+        if name == "perplexity":
+            s.add_argument("--split", choices=("test", "valid"), default="test")
+            s.add_argument("--eval_steps", type=int, default=None,
+                           help="score only this many windows (default: the whole set)")
+            s.add_argument("--batch_size", type=int, default=None,
+                           help="streams read side by side (default: the run's eval_batch_size)")
+            s.add_argument("--num_steps", type=int, default=None,
+                           help="window length (default: the run's eval_num_steps)")
         if name == "generate":
             s.add_argument("--prompt", default="the")
             s.add_argument("--length", type=int, default=30)
@@ -56,20 +67,47 @@ def run_config(run_dir):
     return cfg
 
 
+def run_vocab(run_dir, corpus):
+    """The words of the model's ids: the run's vocab.txt, which must equal the vocabulary of
+    the data given (else its ids mean other words); runs from before vocab.txt: the data's."""
+    path = os.path.join(run_dir, VOCAB_FILE)
+    if not os.path.exists(path):
+        return corpus.vocab
+    vocab = ptb.read_vocab(path)
+    if vocab != corpus.vocab:
+        raise ConfigError(f"--data_path gives another vocabulary than the run's {path} "
+                          f"({len(corpus.vocab)} words against {len(vocab)}); point --data_path "
+                          "at the data the run was trained on")
+    return vocab
+
+
 def load_model(run_dir, cfg, vocab_size):
     model = build_model(cfg, vocab_size)
     latest = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise ConfigError(f"--run {run_dir}: no checkpoint in {run_dir}/checkpoints; let the "
                           "run finish an epoch first")
-    # Only the model: the optimizer's state in the checkpoint is not needed here.
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    # Only the model is needed (expect_partial: the optimizer's values go unused), but every
+    # weight of it must come from the checkpoint, or the numbers are those of a random model.
+    status = tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as e:
+        missing = str(e).strip().splitlines()[0][:200]
+        raise ConfigError(f"--run {run_dir}: checkpoint {latest} lacks weights of this model "
+                          f"({missing}); evaluate with the code and config it was trained "
+                          "with") from None
     return model
 
 
-def perplexity(model, corpus, cfg):
-    test = ptb.windows(corpus.test, cfg["eval_batch_size"], cfg["eval_num_steps"], "test")
-    return training.evaluate(training.make_eval_step(model), model, *test, cfg)
+def perplexity(model, ids, batch_size, num_steps, eval_steps=None):
+    """Perplexity of a token stream read as batch_size streams in num_steps windows (the state
+    carried across windows), over eval_steps windows (None: all); and the tokens scored."""
+    x, y = ptb.windows(ids, batch_size, num_steps)
+    steps = len(x) if eval_steps is None else min(len(x), eval_steps)
+    ppl = training.evaluate(training.make_eval_step(model), model, x, y,
+                            {"eval_steps": eval_steps})
+    return ppl, steps * batch_size * num_steps
 
 
 def generate(model, vocab, prompt, length, temperature, seed):
@@ -115,13 +153,19 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = run_config(args.run)
     corpus = ptb.load_corpus(args.data_path)
-    model = load_model(args.run, cfg, len(corpus.vocab))
+    vocab = run_vocab(args.run, corpus)
+    model = load_model(args.run, cfg, len(vocab))
     if args.command == "perplexity":
-        print(f"test ppl {perplexity(model, corpus, cfg):.2f}")
+        batch = args.batch_size or cfg["eval_batch_size"]
+        steps = args.num_steps or cfg["eval_num_steps"]
+        ppl, tokens = perplexity(model, getattr(corpus, args.split), batch, steps, args.eval_steps)
+        whole = f" (the whole {args.split} set)" if args.eval_steps is None else ""
+        print(f"{args.split} ppl {ppl:.2f} | {tokens} tokens scored in windows of {batch} x "
+              f"{steps}{whole}")
     elif args.command == "generate":
-        print(generate(model, corpus.vocab, args.prompt, args.length, args.temperature, args.seed))
+        print(generate(model, vocab, args.prompt, args.length, args.temperature, args.seed))
     else:
-        module = NextWordModel(model, corpus.vocab)
+        module = NextWordModel(model, vocab)
         tf.saved_model.save(module, args.export_dir, signatures={
             "serving_default": module.next_word_probabilities})
         print(f"SavedModel written to {args.export_dir}")

@@ -33,19 +33,23 @@ def main(argv=None):
     ptb.ensure_data(args.data_path)
     corpus = ptb.load_corpus(args.data_path)
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
-    valid = ptb.windows(corpus.valid, cfg["eval_batch_size"], cfg["eval_num_steps"], "valid")
-    test = ptb.windows(corpus.test, cfg["eval_batch_size"], cfg["eval_num_steps"], "test")
+    valid, test = training.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
 
     model = build_model(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)
-    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"])
+    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
+                                          args.seed)
     eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab)
     start_epoch = checkpoints.start(args.resume) if is_chief else 0
 
     stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+    unlogged = log.resume(start_epoch) if args.resume else None
+    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
+        log.epoch(start_epoch - 1, step, unlogged["lr"], unlogged,
+                  training.evaluate(eval_step, model, *valid, cfg))
     for epoch in range(start_epoch, cfg["num_epochs"]):
         lr = training.learning_rate(cfg, epoch, workers)
         optimizer.learning_rate.assign(lr)
@@ -53,9 +57,9 @@ def main(argv=None):
                                      log_every=args.log_every, workers=workers)
         step += stats["steps"]
         if is_chief:
+            checkpoints.save(epoch + 1)  # before validation, so that a stop there keeps the epoch
             valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
             log.epoch(epoch, step, lr, stats, valid_ppl)
-            checkpoints.save(epoch + 1)
     if is_chief:
         test_ppl = training.evaluate(eval_step, model, *test, cfg)
         last = cfg["num_epochs"] - 1

@@ -52,12 +52,19 @@ def pin_to_local_rank(threads):
     training.set_threads(threads or max(1, training.available_cores() // hvd.local_size()))
 
 
-def check_same_config(cfg):
-    """Horovod 7: a --set given on one host only would silently train two different models."""
-    hashes = hvd.allgather_object(config.config_hash(cfg))
-    if len(set(hashes)) > 1:
-        raise config.ConfigError(f"ranks started with different configs (hash per rank: "
-                                 f"{', '.join(hashes)}); give every rank the same --config and --set")
+def check_ranks_agree(cfg, corpus, log_every):
+    """Horovod 7: a --set given on one host only, or another copy of the data on one host, would
+    silently train different models (or hang where the step counts differ)."""
+    mine = {"config": config.config_hash(cfg), "data": ptb.digest(corpus), "log_every": log_every}
+    ranks = hvd.allgather_object(mine)
+    fixes = {"config": "give every rank the same --config and --set",
+             "data": "give every rank the same PTB files (python -m data.ptb --data_path DIR "
+                     "md5-checks them)",
+             "log_every": "give every rank the same --log_every"}
+    for key, fix in fixes.items():
+        if len({r[key] for r in ranks}) > 1:
+            raise config.ConfigError(f"ranks started with different {key} (per rank: "
+                                     f"{', '.join(str(r[key]) for r in ranks)}); {fix}")
 
 
 def download_on_chief(data_path):
@@ -117,19 +124,17 @@ def main(argv=None):
     workers = hvd.size()  # Horovod 5: batch_size is split among them
     # Horovod 5: every rank checks the split before any collective, so none waits for one that quit
     ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
-    check_same_config(cfg)  # Horovod 7
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
-    # Horovod 4: each rank its own dropout masks; the initial weights all come from rank 0
-    training.seed_everything(args.seed + hvd.rank())
+    training.seed_everything(args.seed)
 
     download_on_chief(args.data_path)  # Horovod 6
     corpus = ptb.load_corpus(args.data_path)
+    check_ranks_agree(cfg, corpus, args.log_every)  # Horovod 7
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
     train_x = ptb.shard(train_x, hvd.rank(), hvd.size())  # Horovod 5: rows of the global batch
     train_y = ptb.shard(train_y, hvd.rank(), hvd.size())  # Horovod 5
-    valid = ptb.windows(corpus.valid, cfg["eval_batch_size"], cfg["eval_num_steps"], "valid")
-    test = ptb.windows(corpus.test, cfg["eval_batch_size"], cfg["eval_num_steps"], "test")
+    valid, test = training.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
 
@@ -139,9 +144,10 @@ def main(argv=None):
         optimizer = hvd.DistributedOptimizer(
             optimizer, sparse_as_dense=cfg["sparse_as_dense"],
             compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
-    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"])
+    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
+                                          args.seed, hvd.rank())  # Horovod 4: own dropout masks
     eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab)
     start_epoch = checkpoints.start(args.resume) if is_chief else 0
     start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)  # Horovod 4: resume together
     hvd.broadcast_variables(model.variables + [optimizer.iterations], root_rank=0)  # Horovod 4
@@ -150,6 +156,10 @@ def main(argv=None):
     after_step = parameter_averaging(model, cfg)  # Horovod 3: None unless reduce_type "param"
 
     stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+    unlogged = log.resume(start_epoch) if args.resume else None
+    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
+        log.epoch(start_epoch - 1, step, unlogged["lr"], unlogged,
+                  training.evaluate(eval_step, model, *valid, cfg))
     for epoch in range(start_epoch, cfg["num_epochs"]):
         lr = training.learning_rate(cfg, epoch, workers)
         optimizer.learning_rate.assign(lr)
@@ -159,9 +169,9 @@ def main(argv=None):
                                      after_step=after_step)  # Horovod 3
         step += stats["steps"]
         if is_chief:
+            checkpoints.save(epoch + 1)  # before validation, so that a stop there keeps the epoch
             valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
             log.epoch(epoch, step, lr, stats, valid_ppl)
-            checkpoints.save(epoch + 1)
     if is_chief:
         test_ppl = training.evaluate(eval_step, model, *test, cfg)
         last = cfg["num_epochs"] - 1

@@ -187,6 +187,27 @@ def load_corpus(data_path):
     return Corpus(*splits, vocab)
 
 
+def write_vocab(path, vocab):
+    """One word a line, in id order; written whole or not at all."""
+    tmp, final = _write_via_temp(os.path.dirname(path), os.path.basename(path),
+                                 "".join(w + "\n" for w in sorted(vocab, key=vocab.get)).encode())
+    os.replace(tmp, final)
+
+
+def read_vocab(path):
+    with open(path, encoding="utf-8") as f:
+        return {w: i for i, w in enumerate(f.read().splitlines())}
+
+
+def digest(corpus):
+    """A short fingerprint of the vocabulary and the three id streams: two copies of the data
+    that would train differently have different digests."""
+    h = hashlib.sha256("\n".join(corpus.vocab).encode())
+    for ids in (corpus.train, corpus.valid, corpus.test):
+        h.update(np.asarray(ids, dtype=np.int32).tobytes())
+    return h.hexdigest()[:16]
+
+
 # --- batches and shards ---------------------------------------------------------------------
 
 def windows(ids, batch_size, num_steps, name="data"):

@@ -2,6 +2,7 @@
 rank-0-only output, launch errors, and two "hosts" joined by a veth pair or by a link with
 added delay."""
 import os
+import time
 import subprocess
 import sys
 
@@ -62,8 +63,35 @@ def test_rank_with_another_config_stops_all(ptb_path, tmp_path):
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", str(tmp_path / "run")]
     r = mpirun((1, args), (1, [*args, "--set", "num_epochs=2"]), timeout=120)
     assert r.returncode != 0
-    assert "error: ranks started with different configs" in r.stderr
+    assert "error: ranks started with different config (per rank: " in r.stderr
     assert "give every rank the same --config and --set" in r.stderr
+
+
+@pytest.mark.parametrize("what", ["truncated data", "other text, same length", "log_every"])
+def test_ranks_with_other_data_or_flags_stop_all(what, ptb_path, tmp_path):
+    """A copy of the data that differs on one host (no shared filesystem), or a flag that must
+    agree, ends the job with one line instead of a hang at the epoch end or another model."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"):
+        text = open(os.path.join(ptb_path, name)).read()
+        if name == "ptb.train.txt" and what == "truncated data":
+            text = text[:len(text) // 2]
+        if name == "ptb.train.txt" and what == "other text, same length":
+            text = text.replace(" the ", " tha ", 50)
+        (other / name).write_text(text)
+    args = ["--config", TINY, "--output_dir", str(tmp_path / "run")]
+    mine = [*args, "--data_path", ptb_path]
+    theirs = [*args, "--data_path", str(other)]
+    if what == "log_every":
+        theirs = [*mine, "--log_every", "7"]
+    started = time.monotonic()
+    r = mpirun((1, mine), (1, theirs), timeout=120)
+    assert r.returncode != 0 and time.monotonic() - started < 90
+    key = "log_every" if what == "log_every" else "data"
+    assert f"error: ranks started with different {key} (per rank: " in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def need_root():

@@ -1,4 +1,5 @@
 """Bad input, checkpoints, resume and faults, with real processes, signals and files on disk."""
+import contextlib
 import json
 import os
 import signal
@@ -103,7 +104,8 @@ def test_resume_continues_exactly_and_checkpoint_config_mismatch(corpus, tmp_pat
     # ... and --resume continues it: the LR schedule and epoch counter go on.
     train([*base, "--output_dir", split, "--resume"])
     events = metrics(split)
-    assert events[:len(first)] == first  # appended, never truncated
+    # appended; only the stopped run's test line goes, and the resumed run writes it again
+    assert first[-1]["event"] == "test" and events[:len(first) - 1] == first[:-1]
     epochs = [e for e in events if e["event"] == "epoch"]
     assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs[-1]["lr"] == 0.5
     final = {e["event"]: e for e in metrics(full)}["test"]["test_ppl"]
@@ -215,3 +217,60 @@ def test_fault_stops_the_job_and_resume_continues(how, corpus, tmp_path):
     events = metrics(out)
     assert len(events) > done and events[-1]["event"] == "test"
     assert [e["epoch"] for e in events if e["event"] == "epoch"][-1] == 3
+
+
+@contextlib.contextmanager
+def small_disk(path, size):
+    """A real filesystem of `size` (tmpfs), mounted for the test and unmounted after it."""
+    if not IS_ROOT:
+        if os.environ.get("CI"):
+            pytest.fail("the full-disk test needs root (mount) and must run in CI")
+        pytest.skip("needs root to mount a tmpfs")
+    os.makedirs(path)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.mark.parametrize("ranks", [0, 2], ids=["one process", "2 ranks"])
+def test_full_disk_during_a_save_is_one_line_and_resume_continues(ranks, ptb_path, tmp_path):
+    """A 4 MiB disk holds the first checkpoint of the tiny model (2.6 MB) but not the second."""
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        out = disk / "run"
+        args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", str(out),
+                "--set", "num_epochs=3", "--set", "steps_per_epoch=5", "--set", "eval_steps=1"]
+        started = time.monotonic()
+        r = mpirun((ranks, args)) if ranks else run_script(["lm_ptb.py", *args])
+        assert r.returncode != 0 and time.monotonic() - started < 90
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+        assert "Traceback" not in r.stderr, r.stderr
+        # one line from the rank that failed, and one from each rank it stopped unless mpirun
+        # ended that rank first
+        assert 1 <= len(errors) <= max(ranks, 1), errors
+        assert "cannot write checkpoint 2" in errors[0] and "No space left" in errors[0]
+        assert "ckpt-1, is kept" in errors[0] and "rerun with --resume" in errors[0]
+        assert all("another rank stopped" in line for line in errors[1:]), errors
+        folder = out / "checkpoints"
+        assert 'model_checkpoint_path: "ckpt-1"' in (folder / "checkpoint").read_text()
+        assert not [f for f in os.listdir(folder) if "_temp" in f]
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        assert all(json.loads(line) for line in lines)  # every line whole
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        r = mpirun((ranks, [*args, "--resume"])) if ranks else run_script(
+            ["lm_ptb.py", *args, "--resume"])
+        assert r.returncode == 0, r.stderr
+        epochs = [e["epoch"] for e in metrics(out) if e["event"] == "epoch"]
+        assert epochs == [1, 2, 3]
+
+
+def test_a_partial_line_is_cut_back_when_the_disk_is_full(tmp_path):
+    """metrics.jsonl gets whole lines or none: a write the disk takes only in part is undone."""
+    from utils.logs import append_whole_line
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        path = str(disk / "metrics.jsonl")
+        append_whole_line(path, "x" * 1000 + "\n")
+        with pytest.raises(OSError):
+            append_whole_line(path, "y" * 200_000 + "\n")
+        assert open(path).read() == "x" * 1000 + "\n"

@@ -40,8 +40,15 @@ def test_dropout_only_in_training(model):
     a, _ = model(x, model.zero_state(2), training=False)
     b, _ = model(x, model.zero_state(2), training=False)
     np.testing.assert_array_equal(a, b)
-    c, _ = model(x, model.zero_state(2), training=True)
+    seed = tf.constant([1, 2], tf.int64)
+    c, _ = model(x, model.zero_state(2), training=True, noise_seed=seed)
     assert np.abs(c - a).max() > 1e-6
+    # the masks are a function of the seed alone, and training without one is refused
+    np.testing.assert_array_equal(model(x, model.zero_state(2), training=True, noise_seed=seed)[0], c)
+    d, _ = model(x, model.zero_state(2), training=True, noise_seed=tf.constant([1, 3], tf.int64))
+    assert np.abs(d - c).max() > 1e-6
+    with pytest.raises(ValueError, match="needs noise_seed"):
+        model(x, model.zero_state(2), training=True)
 
 
 def test_initial_loss_is_log_vocab_per_step():

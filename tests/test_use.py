@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -40,7 +41,62 @@ def test_perplexity_in_a_process_where_horovod_cannot_be_imported(trained):
     assert r.returncode == 0, r.stderr
     reported = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))][-1]
     assert reported["event"] == "test" and reported["world_size"] == 2
-    assert r.stdout.strip() == f"test ppl {reported['test_ppl']:.2f}"
+    test_windows = len(ptb.windows(ptb.load_corpus(data).test, 1, 20)[0])
+    assert r.stdout.strip() == (f"test ppl {reported['test_ppl']:.2f} | {test_windows * 20} "
+                                "tokens scored in windows of 1 x 20 (the whole test set)")
+
+
+def evaluate_copy(trained, tmp_path, edit_config=None, data=None, extra=()):
+    """evaluate.py perplexity on a copy of the trained run, its logged config edited."""
+    import shutil
+    data_path, run = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    lines = open(copy / "metrics.jsonl").read().splitlines()
+    first = json.loads(lines[0])
+    if edit_config:
+        first["config"].update(edit_config)
+    (copy / "metrics.jsonl").write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    return subprocess.run([sys.executable, "evaluate.py", "perplexity", "--run", str(copy),
+                           "--data_path", data or data_path, *extra], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_perplexity_scores_the_whole_test_set_whatever_the_run_used(trained, tmp_path):
+    data, run = trained
+    reported = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))][-1]
+    r = evaluate_copy(trained, tmp_path, {"eval_steps": 2})  # as after a smoke run
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"test ppl {reported['test_ppl']:.2f} | ")
+    assert "(the whole test set)" in r.stdout
+    r = evaluate_copy(trained, tmp_path / "few", extra=["--eval_steps", "3"])
+    assert r.returncode == 0 and r.stdout.strip().endswith("| 60 tokens scored in windows of "
+                                                           "1 x 20"), r.stdout
+    # the valid set in the training layout: what the trainer logged for the last epoch
+    last_valid = [e for e in map(json.loads, open(os.path.join(run, "metrics.jsonl")))
+                  if e["event"] == "epoch"][-1]["valid_ppl"]
+    r = evaluate_copy(trained, tmp_path / "valid", extra=["--split", "valid", "--batch_size",
+                                                          "20", "--num_steps", "10"])
+    assert r.returncode == 0 and r.stdout.startswith(f"valid ppl {last_valid:.2f} | "), r.stdout
+
+
+def test_perplexity_refuses_a_checkpoint_without_the_models_weights(trained, tmp_path):
+    r = evaluate_copy(trained, tmp_path, {"num_layers": 3})  # a layer the checkpoint lacks
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "lacks weights of this model" in err and not r.stdout
+
+
+def test_the_run_keeps_its_vocabulary_and_evaluate_checks_it(trained, tmp_path):
+    data, run = trained
+    assert ptb.read_vocab(os.path.join(run, "vocab.txt")) == ptb.load_corpus(data).vocab
+    other = str(write_corpus(tmp_path / "other", patterned_sentences(300, 5)[:-40],
+                             patterned_sentences(50, 6), patterned_sentences(50, 7)))
+    if ptb.load_corpus(other).vocab == ptb.load_corpus(data).vocab:  # <unk> only in `data`
+        pytest.fail("the other corpus should have another vocabulary")
+    r = evaluate_copy(trained, tmp_path, data=other)
+    assert r.returncode == 2 and "gives another vocabulary than the run's" in r.stderr, r.stderr
 
 
 def test_generation_is_reproducible_and_handles_unknown_words(trained):
@@ -94,3 +150,41 @@ def test_tensorboard_summaries_on_rank0(trained):
             for v in e.summary.value}
     assert {"train/perplexity", "train/lr", "train/words_per_sec", "valid/perplexity",
             "test/perplexity"} <= tags
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tensorboard_serves_the_runs_scalars(trained):
+    """README's `tensorboard --logdir runs`, for real: the server of this venv on loopback, its
+    scalar tags and one series read through its HTTP API, checked against metrics.jsonl."""
+    import requests
+    _, run = trained
+    port = free_port()
+    board = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "tensorboard"),
+                              "--logdir", run, "--host", "127.0.0.1", "--port", str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/data/plugin/scalars"
+    try:
+        deadline, tags = time.monotonic() + 90, None
+        while tags is None:
+            assert board.poll() is None, board.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "tensorboard did not serve within 90 s"
+            try:
+                tags = requests.get(f"{url}/tags", timeout=5).json()
+            except requests.RequestException:
+                time.sleep(0.5)
+        assert set(tags["tensorboard"]) >= {"train/perplexity", "train/lr", "valid/perplexity",
+                                            "test/perplexity", "epoch/time_s"}
+        series = requests.get(f"{url}/scalars", params={"run": "tensorboard",
+                                                         "tag": "valid/perplexity"}, timeout=10)
+        logged = [e["valid_ppl"] for e in map(json.loads, open(os.path.join(run, "metrics.jsonl")))
+                  if e["event"] == "epoch"]
+        assert [value for _, _, value in series.json()] == pytest.approx(logged, rel=1e-6)
+    finally:
+        board.terminate()
+        board.wait(timeout=30)

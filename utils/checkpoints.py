@@ -5,13 +5,21 @@ import shutil
 
 import tensorflow as tf
 
+from data import ptb
+
 from utils.cli import signals_deferred
 from utils.config import ConfigError
+from utils.logs import OutputError, os_reason
+
+
+VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
 
 
 class Checkpoints:
-    def __init__(self, output_dir, model, optimizer, keep=3):
+    def __init__(self, output_dir, model, optimizer, vocab, keep=3):
         self.output_dir = output_dir
+        self.vocab = vocab
+        self.vocab_path = os.path.join(output_dir, VOCAB_FILE)
         self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                               epochs_done=self.epochs_done)
@@ -21,6 +29,10 @@ class Checkpoints:
     def start(self, resume):
         """Epochs already done: restored with --resume; else 0, refusing to mix with a past run."""
         if resume:
+            if os.path.exists(self.vocab_path) and ptb.read_vocab(self.vocab_path) != self.vocab:
+                raise ConfigError(f"--resume: the vocabulary of --data_path differs from the "
+                                  f"run's {self.vocab_path}; resume with the data it was "
+                                  "trained on")
             return self.restore_latest()
         earlier = [p for p in (self.folder, os.path.join(self.output_dir, "metrics.jsonl"))
                    if os.path.exists(p)]
@@ -35,8 +47,19 @@ class Checkpoints:
         pointer last, and signals wait until it is done, so the latest one is always whole."""
         with signals_deferred():
             self._remove_partial()
-            self.epochs_done.assign(epochs_done)
-            return self.manager.save(checkpoint_number=epochs_done)
+            try:
+                if not os.path.exists(self.vocab_path):
+                    ptb.write_vocab(self.vocab_path, self.vocab)
+                self.epochs_done.assign(epochs_done)
+                return self.manager.save(checkpoint_number=epochs_done)
+            except (OSError, tf.errors.OpError) as e:  # no space, quota, I/O error, read-only
+                self._remove_partial()
+                kept = self.manager.latest_checkpoint
+                kept = (f"the newest complete checkpoint, {kept}, is kept" if kept else
+                        "no earlier checkpoint exists")
+                raise OutputError(f"cannot write checkpoint {epochs_done} in {self.folder} "
+                                  f"({os_reason(e)}); {kept}; free space (or make the folder "
+                                  "writable), then rerun with --resume") from None
 
     def _remove_partial(self):
         """Drop temp files of a save that a SIGKILL interrupted (never the pointer's target)."""

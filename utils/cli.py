@@ -39,16 +39,24 @@ def run_main(main, argv=None):
     """Run a trainer's main(); known errors become one line on stderr and a non-zero exit."""
     from data.ptb import DataError
     from utils.config import ConfigError
+    from utils.logs import OutputError
     from utils.training import TrainingError
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_signal)
     try:
         main(argv)
-    except (DataError, ConfigError, TrainingError) as e:
+    except (DataError, ConfigError, TrainingError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except Interrupted as e:
         print(f"error: stopped by {e}; the last finished epoch's checkpoint is kept, rerun with "
               "--resume to continue", file=sys.stderr, flush=True)
         return 128 + e.signum
+    except Exception as e:  # noqa: BLE001 -- only Horovod's shutdown is ours to word
+        if "Horovod has been shut down" not in str(e):
+            raise
+        print("error: another rank stopped, so this one stops too (that rank's error says "
+              "why); the last finished epoch's checkpoint is kept, rerun with --resume",
+              file=sys.stderr, flush=True)
+        return 1
     return 0

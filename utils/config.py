@@ -27,6 +27,8 @@ SCHEMA = {
     "eval_steps": ((int,), True),
     "eval_batch_size": ((int,), False),
     "eval_num_steps": ((int,), False),
+    "valid_batch_size": ((int,), True),
+    "valid_num_steps": ((int,), True),
     "scale_lr": ((bool,), False),
     "fp16_allreduce": ((bool,), False),
     "sparse_as_dense": ((bool,), False),
@@ -36,13 +38,16 @@ SCHEMA = {
     "backward_passes_per_step": ((int,), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
-# Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication".
-# A config file may set them; otherwise these defaults hold.
+# Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication",
+# and the layout of the per-epoch validation (None: the training layout, batch_size x
+# num_steps). A config file may set them; otherwise these defaults hold.
 DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False,
-            "reduce_type": "grad", "param_sync_steps": 10, "timeline": False}
+            "reduce_type": "grad", "param_sync_steps": 10, "timeline": False,
+            "valid_batch_size": None, "valid_num_steps": None}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
+            "valid_batch_size", "valid_num_steps",
             "param_sync_steps", "backward_passes_per_step"}
 CHOICES = {"reduce_type": ("grad", "param")}
 

@@ -10,6 +10,18 @@ from utils.config import ConfigError
 PREFIX = "[ptb]"
 
 
+class OutputError(Exception):
+    """Writing the run's output failed (a full disk, say); the message names the file, the OS
+    error, what is kept and what to do."""
+
+
+def os_reason(error):
+    """The OS's words for a failed write, from an OSError or a TensorFlow op error."""
+    if isinstance(error, OSError):
+        return f"{error.strerror or error}: {error.filename}" if error.filename else str(error)
+    return str(getattr(error, "message", error)).strip().splitlines()[0][:300]
+
+
 def format_duration(seconds):
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
@@ -45,6 +57,23 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def append_whole_line(path, line):
+    """Append one line with a single write; if the disk takes only part of it, cut the file
+    back, so that every line of the file is whole."""
+    data = line.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(28, "No space left on device (short write)", path)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
 def check_writable(folder):
     """Fail early if `folder` cannot be created or written, without creating anything yet."""
     probe = os.path.abspath(folder)
@@ -74,23 +103,55 @@ class RunLog:
         if not self.enabled:
             return
         print(f"{PREFIX} {line}", flush=True)
-        os.makedirs(self.output_dir, exist_ok=True)
         event.update(world_size=self.world_size, config=self.config, time=time.time())
-        with open(self.path, "a") as f:
-            f.write(json.dumps(event) + "\n")
+        try:
+            os.makedirs(self.output_dir, exist_ok=True)
+            append_whole_line(self.path, json.dumps(event) + "\n")
+        except OSError as e:
+            raise OutputError(f"cannot write {self.path} ({os_reason(e)}); the lines before "
+                              "this one are whole and the checkpoints are kept; free space, "
+                              "then rerun with --resume") from None
 
     def _scalars(self, step, values):
         """TensorBoard scalars in <output_dir>/tensorboard (`tensorboard --logdir runs`)."""
         if not self.enabled:
             return
         import tensorflow as tf
-        if self._summaries is None:
-            self._summaries = tf.summary.create_file_writer(
-                os.path.join(self.output_dir, "tensorboard"))
-        with self._summaries.as_default(step=step):
-            for tag, value in values.items():
-                tf.summary.scalar(tag, value)
-        self._summaries.flush()
+        try:
+            if self._summaries is None:
+                self._summaries = tf.summary.create_file_writer(
+                    os.path.join(self.output_dir, "tensorboard"))
+            with self._summaries.as_default(step=step):
+                for tag, value in values.items():
+                    tf.summary.scalar(tag, value)
+            self._summaries.flush()
+        except (OSError, tf.errors.OpError) as e:
+            raise OutputError(f"cannot write TensorBoard events in {self.output_dir}/tensorboard "
+                              f"({os_reason(e)}); metrics.jsonl and the checkpoints are kept; "
+                              "free space, then rerun with --resume") from None
+
+    def resume(self, epochs_done):
+        """--resume from the checkpoint of `epochs_done` epochs: drop the events of later epochs
+        (the interrupted epoch's progress) and the test result, which the resumed run writes
+        again, so that every epoch has one line. The checkpoint is saved before validation, so
+        a stop during validation leaves that epoch without its line: then its stats, rebuilt
+        from its last progress event, are returned for the line to be written; else None."""
+        if not self.enabled or not os.path.exists(self.path):
+            return None
+        with open(self.path) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+        kept = [e for e in events if e["event"] != "test" and e["epoch"] <= epochs_done]
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in kept)
+        os.replace(self.path + ".tmp", self.path)  # whole, or not at all
+        mine = [e for e in kept if e["epoch"] == epochs_done]
+        if not mine or any(e["event"] == "epoch" for e in mine):
+            return None
+        last = mine[-1]
+        words_per_step = self.config["batch_size"] * self.config["num_steps"]
+        return {"train_ppl": last["train_ppl"], "wps": last["wps"], "lr": last["lr"],
+                "epoch_time_s": last["step"] * words_per_step / last["wps"],
+                "compute_share": None, "steps": last["step"]}
 
     def info(self, line):
         if self.enabled:
@@ -101,7 +162,7 @@ class RunLog:
         self._write(f"epoch {epoch + 1}/{self.num_epochs} | step {step}/{steps} | lr {lr:.4g} | "
                     f"train ppl {train_ppl:.2f} | {wps:.0f} wps | eta {format_duration(eta_s)}",
                     event="progress", epoch=epoch + 1, step=step, lr=lr, train_ppl=train_ppl,
-                    wps=wps, loss=loss)
+                    wps=wps, loss=loss, eta_s=eta_s)
         self._scalars(epoch * steps + step, {"train/perplexity": train_ppl, "train/lr": lr,
                                              "train/words_per_sec": wps})
 
@@ -111,9 +172,10 @@ class RunLog:
         if self.baseline:
             base = self.baseline.get(epoch + 1, statistics.median(self.baseline.values()))
             timing += f" (single-process {base:.1f} s, speedup {base / t:.2f}×)"
+        share = stats["compute_share"]  # None for an epoch whose line a resume writes
         self._write(f"epoch {epoch + 1}/{self.num_epochs} done | lr {lr:.4g} | "
                     f"train ppl {stats['train_ppl']:.2f} | valid ppl {valid_ppl:.2f} | {timing} | "
-                    f"{stats['wps']:.0f} wps | computing {100 * stats['compute_share']:.0f}%",
+                    f"{stats['wps']:.0f} wps" + (f" | computing {100 * share:.0f}%" if share else ""),
                     event="epoch", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats["train_ppl"], wps=stats["wps"], valid_ppl=valid_ppl,
                     epoch_time_s=t, compute_share=stats["compute_share"], peak_rss_mb=peak_rss_mb())

@@ -125,7 +125,7 @@ class PTBModel(tf.keras.Model):
                                            kernel_initializer=init(), recurrent_initializer=init(),
                                            unit_forget_bias=False)
                       for _ in range(num_layers)]
-        self.dropouts = [tf.keras.layers.Dropout(1.0 - keep_prob) for _ in range(num_layers + 1)]
+        self.dropout_rate = 1.0 - keep_prob
         self.softmax = tf.keras.layers.Dense(vocab_size, kernel_initializer=init(),
                                              bias_initializer=init())
 
@@ -133,19 +133,33 @@ class PTBModel(tf.keras.Model):
         zeros = tf.zeros([batch_size, self.hidden_size])
         return tuple((zeros, zeros) for _ in range(self.num_layers))
 
-    def call(self, inputs, state, training=False):
-        """inputs [batch, steps] int ids -> logits [batch, steps, vocab], new state."""
-        x = self.dropouts[0](self.embedding(inputs), training=training)
+    def call(self, inputs, state, training=False, noise_seed=None):
+        """inputs [batch, steps] int ids -> logits [batch, steps, vocab], new state.
+
+        noise_seed: a [2] int64 seed for the dropout masks, needed in training with dropout.
+        The masks are a function of it alone (stateless random ops), so a run resumed from a
+        checkpoint draws the masks the uninterrupted run drew (see training.noise_seed).
+        """
+        x = self._dropout(self.embedding(inputs), training, noise_seed, 0)
         new_state = []
-        for lstm, dropout, (h, c) in zip(self.lstms, self.dropouts[1:], state):
+        for layer, (lstm, (h, c)) in enumerate(zip(self.lstms, state), start=1):
             if self.lstm_impl != "keras" and lstm.built and x.shape[1] is not None:
                 run = bptt_lstm if self.lstm_impl == "bptt" else unrolled_lstm
                 x, h, c = run(lstm.cell, x, h, c)
             else:
                 x, h, c = lstm(x, initial_state=[h, c], training=training)
-            x = dropout(x, training=training)
+            x = self._dropout(x, training, noise_seed, layer)
             new_state.append((h, c))
         return self.softmax(x), tuple(new_state)
+
+    def _dropout(self, x, training, noise_seed, layer):
+        if not training or self.dropout_rate == 0:
+            return x
+        if noise_seed is None:
+            raise ValueError("PTBModel: training with dropout needs noise_seed (a [2] int64 "
+                             "seed, e.g. training.noise_seed(seed, rank, step))")
+        seed = tf.random.experimental.stateless_fold_in(noise_seed, layer)
+        return tf.nn.experimental.stateless_dropout(x, self.dropout_rate, seed)
 
 
 def build_model(cfg, vocab_size, lstm_impl=None):

@@ -5,6 +5,7 @@ import time
 
 import tensorflow as tf
 
+from data import ptb
 from utils.model import sequence_loss
 
 
@@ -20,9 +21,10 @@ def learning_rate(cfg, epoch, workers=1):
 
 
 def make_optimizer(cfg):
-    # Legacy Keras SGD: its apply_gradients aggregates gradients first (the hook Horovod's
-    # DistributedOptimizer overrides with an allreduce) and clips by global norm after that,
-    # so a distributed update equals the single-process update on the global batch.
+    # Legacy Keras SGD clips by global norm in apply_gradients. Horovod's DistributedOptimizer
+    # averages the gradients before that, in _compute_gradients, which minimize() calls (see
+    # make_train_step), so the clipped norm is that of the global batch's gradient and a
+    # distributed update equals the single-process update.
     return tf.keras.optimizers.legacy.SGD(learning_rate=cfg["learning_rate"],
                                           global_clipnorm=cfg["max_grad_norm"])
 
@@ -45,16 +47,27 @@ def seed_everything(seed):
     tf.keras.utils.set_random_seed(seed)
 
 
-def make_train_step(model, optimizer, passes=1):
+def noise_seed(seed, rank, step):
+    """The dropout seed of one training step: a function of (--seed, rank, optimizer step) only.
+    The step counter is saved in every checkpoint, so a resumed run draws the same masks as
+    the uninterrupted one; each rank draws its own masks for its own rows."""
+    return tf.random.experimental.stateless_fold_in(
+        tf.stack([tf.constant(seed, tf.int64), tf.constant(rank, tf.int64)]),
+        tf.cast(step, tf.int64))
+
+
+def make_train_step(model, optimizer, passes=1, seed=0, rank=0):
     """The compiled train step; `passes` > 1 accumulates gradients over that many slices of the
-    batch rows (backward_passes_per_step): the same update, 1/passes of the activations."""
+    batch rows (backward_passes_per_step): the same update, 1/passes of the activations.
+    Dropout masks come from noise_seed(seed, rank, optimizer.iterations)."""
     if passes > 1:
-        return _make_accumulating_step(model, optimizer, passes)
+        return _make_accumulating_step(model, optimizer, passes, seed, rank)
 
     @tf.function
     def train_step(x, y, state):
         with tf.GradientTape() as tape:
-            logits, state = model(x, state, training=True)
+            logits, state = model(x, state, training=True,
+                                  noise_seed=noise_seed(seed, rank, optimizer.iterations))
             loss = sequence_loss(logits, y)
         # minimize(tape=...) rather than tape.gradient + apply_gradients: Horovod's Keras
         # DistributedOptimizer allreduces inside _compute_gradients, which minimize calls and
@@ -64,7 +77,7 @@ def make_train_step(model, optimizer, passes=1):
     return train_step
 
 
-def _make_accumulating_step(model, optimizer, passes):
+def _make_accumulating_step(model, optimizer, passes, seed, rank):
     variables = model.trainable_variables
 
     @tf.function
@@ -72,10 +85,13 @@ def _make_accumulating_step(model, optimizer, passes):
         xs, ys = tf.split(x, passes), tf.split(y, passes)
         states = [tf.nest.map_structure(lambda t: tf.split(t, passes)[k], state)
                   for k in range(passes)]
+        step_seed = noise_seed(seed, rank, optimizer.iterations)
         total, grads = 0.0, None
         for k in range(passes):
             with tf.GradientTape() as tape:
-                logits, states[k] = model(xs[k], states[k], training=True)
+                logits, states[k] = model(xs[k], states[k], training=True,
+                                          noise_seed=tf.random.experimental.stateless_fold_in(
+                                              step_seed, k))
                 loss = sequence_loss(logits, ys[k]) / passes
             g = tape.gradient(loss, variables)
             grads = g if grads is None else [_add(a, b) for a, b in zip(grads, g)]
@@ -168,14 +184,25 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
             "compute_share": compute_s / elapsed, "steps": steps}
 
 
+def eval_windows(corpus, cfg):
+    """Valid and test windows. The final test is read as eval_batch_size streams (1: every
+    token scored with its whole left context). The per-epoch validation only steers the run
+    (and is logged), so it takes the training layout, batch_size x num_steps, unless
+    valid_batch_size / valid_num_steps say otherwise: for medium 20x fewer sequential steps."""
+    valid = ptb.windows(corpus.valid, cfg["valid_batch_size"] or cfg["batch_size"],
+                        cfg["valid_num_steps"] or cfg["num_steps"], "valid")
+    test = ptb.windows(corpus.test, cfg["eval_batch_size"], cfg["eval_num_steps"], "test")
+    return valid, test
+
+
 def evaluate(eval_step, model, x, y, cfg):
-    """Perplexity over windows of ptb.windows(ids, eval_batch_size, eval_num_steps), the state
-    carried from one window to the next."""
+    """Perplexity over windows x, y ([steps, batch, num_steps] from ptb.windows), the state
+    carried from one window to the next; at most eval_steps windows."""
     steps = len(x) if cfg["eval_steps"] is None else min(len(x), cfg["eval_steps"])
-    state = model.zero_state(cfg["eval_batch_size"])
+    state = model.zero_state(x.shape[1])
     x, y = tf.constant(x), tf.constant(y)
     total = tf.constant(0.0)
     for step in range(steps):
         loss, state = eval_step(x[step], y[step], state)
         total += loss
-    return perplexity(float(total), steps * cfg["eval_num_steps"])
+    return perplexity(float(total), steps * x.shape[2])

@@ -1,0 +1,106 @@
+"""Resume equals the uninterrupted run, dropout included, and a stop at any point of an epoch
+leaves one line per epoch: real processes, real signals, real checkpoints."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import REPO, TINY, events, mpirun, run_script
+
+DROPOUT = ["--config", TINY, "--set", "keep_prob=0.5", "--set", "steps_per_epoch=20",
+           "--set", "eval_steps=2", "--seed", "3", "--log_every", "1"]
+
+
+def run(ranks, args):
+    """lm_ptb.py for 0 ranks, else lm_ptb_distributed.py under mpirun with that many."""
+    r = mpirun((ranks, args)) if ranks else run_script(["lm_ptb.py", *args], timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def losses(run_dir, epoch):
+    return [e["loss"] for e in events(run_dir, "progress") if e["epoch"] == epoch]
+
+
+@pytest.mark.parametrize("ranks", [0, 2], ids=["one process", "2 ranks"])
+def test_resumed_run_draws_the_dropout_masks_of_the_uninterrupted_run(ranks, corpus, tmp_path):
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    base = [*DROPOUT, "--data_path", corpus]
+    run(ranks, [*base, "--output_dir", whole, "--set", "num_epochs=2"])
+    run(ranks, [*base, "--output_dir", split, "--set", "num_epochs=1"])
+    run(ranks, [*base, "--output_dir", split, "--set", "num_epochs=2", "--resume"])
+    assert len(losses(whole, 2)) == 20
+    assert losses(split, 2) == pytest.approx(losses(whole, 2), rel=1e-6)
+    # the masks are drawn anew each step: with masks replayed from epoch 1, or none at all,
+    # epoch 2 would differ from the above
+    no_dropout = str(tmp_path / "no_dropout")
+    run(ranks, [*base, "--output_dir", no_dropout, "--set", "num_epochs=1",
+                "--set", "keep_prob=1.0"])
+    assert losses(no_dropout, 1) != pytest.approx(losses(whole, 1), rel=1e-3)
+
+
+def start(args):
+    return subprocess.Popen([sys.executable, "lm_ptb.py", *args], cwd=REPO, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def stop_when(job, ready, timeout=120):
+    """SIGTERM the trainer as soon as ready() holds; returns its stderr."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert job.poll() is None, job.communicate()[1]
+        assert time.monotonic() < deadline, "the run never reached the point to stop at"
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    stderr = job.communicate(timeout=60)[1]
+    assert job.returncode == 128 + signal.SIGTERM, stderr
+    return stderr
+
+
+def one_line_per_epoch(run_dir, num_epochs):
+    epochs = [e["epoch"] for e in events(run_dir, "epoch")]
+    assert epochs == list(range(1, num_epochs + 1))
+    assert len(events(run_dir, "test")) == 1
+    per_epoch = [[e["step"] for e in events(run_dir, "progress") if e["epoch"] == k]
+                 for k in epochs]
+    assert all(steps == sorted(set(steps)) for steps in per_epoch), per_epoch
+
+
+def test_stop_during_training_resumes_with_one_line_per_epoch(ptb_path, tmp_path):
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
+            "--set", "steps_per_epoch=60", "--set", "eval_steps=5", "--set", "num_epochs=3"]
+    job = start(args)
+    metrics = os.path.join(out, "metrics.jsonl")
+    stop_when(job, lambda: os.path.exists(metrics) and any(
+        e["epoch"] == 2 and e["step"] >= 20 for e in events(out, "progress")))
+    assert [e["epoch"] for e in events(out, "epoch")] == [1]
+    run_script(["lm_ptb.py", *args, "--resume"], timeout=180).check_returncode()
+    one_line_per_epoch(out, 3)
+
+
+def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
+    """The checkpoint comes before validation: a stop there loses nothing, and the resumed run
+    writes the missing epoch line, with the valid perplexity of the saved model."""
+    out = str(tmp_path / "run")
+    # the whole valid set at batch 1: seconds of validation, long enough to stop inside it
+    args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=2",
+            "--set", "valid_batch_size=1"]
+    job = start(args)
+    saved = os.path.join(out, "checkpoints", "ckpt-2.index")
+    stop_when(job, lambda: os.path.exists(saved))
+    assert [e["epoch"] for e in events(out, "epoch")] == [1]  # stopped inside validation
+    run_script(["lm_ptb.py", *args, "--resume"], timeout=180).check_returncode()
+    one_line_per_epoch(out, 2)
+    rebuilt = events(out, "epoch")[1]
+    # the same checkpoint evaluated by an uninterrupted run of the same length
+    whole = str(tmp_path / "whole")
+    run_script(["lm_ptb.py", *args[:5], whole, *args[6:]], timeout=180).check_returncode()
+    reference = events(whole, "epoch")[1]
+    assert rebuilt["valid_ppl"] == pytest.approx(reference["valid_ppl"], rel=1e-4)
+    assert rebuilt["train_ppl"] == pytest.approx(reference["train_ppl"], rel=1e-4)
