@@ -183,6 +183,43 @@ def find_peer(path):
     return None
 
 
+def eval_cost(data_path, train_steps, eval_windows):
+    """What the per-epoch validation costs against a training epoch, for medium and large, in
+    one process: the training epoch as the median step time x the steps of an epoch, the
+    validation at batch 1 x 35 (timed over `eval_windows` windows, scaled to the whole set)
+    and in the training layout (whole set)."""
+    import tensorflow as tf
+    from data import ptb
+    from utils import training
+    from utils.model import build_model
+    corpus = ptb.load_corpus(data_path)
+    out = {}
+    for name in ("config_medium", "config_large"):
+        cfg = config.load_config(name)
+        model = build_model(cfg, len(corpus.vocab))
+        step = training.make_train_step(model, training.make_optimizer(cfg))
+        xs, ys = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"])
+        state, times = model.zero_state(cfg["batch_size"]), []
+        for k in range(train_steps + 1):  # the first one traces
+            t0 = time.perf_counter()
+            loss, state = step(tf.constant(xs[k]), tf.constant(ys[k]), state)
+            float(loss)
+            times.append(time.perf_counter() - t0)
+        row = {"train_epoch_s": statistics.median(times[1:]) * len(xs)}
+        eval_step = training.make_eval_step(model)
+        for layout, (batch, steps) in (("batch 1 x 35", (1, 35)),
+                                       ("training layout", (cfg["batch_size"], cfg["num_steps"]))):
+            vx, vy = ptb.windows(corpus.valid, batch, steps)
+            n = min(len(vx), eval_windows)
+            training.evaluate(eval_step, model, vx[:1], vy[:1], dict(cfg, eval_steps=1))  # trace
+            t0 = time.perf_counter()
+            training.evaluate(eval_step, model, vx, vy, dict(cfg, eval_steps=n))
+            row[f"valid_s, {layout}"] = (time.perf_counter() - t0) * len(vx) / n
+            row[f"valid_share, {layout}"] = row[f"valid_s, {layout}"] / row["train_epoch_s"]
+        out[name] = row
+    return out
+
+
 def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), copies=1):
     """Run `copies` of a trainer side by side for `steps` steps each; returns (words/sec, how it
     was measured, peak RSS MB of one trainer, rank 0 under mpirun). One trainer: the median of
@@ -317,9 +354,10 @@ def main(argv=None):
     n_rounds = 1 if args.quick else 3
     profile = profile_small(reps)
     ablation = ablations(reps)
+    evaluation = eval_cost(args.data_path, *((4, 100) if args.quick else (8, 300)))
     ceiling = gflops * 1e9 / flops_per_word(small)
     rows, result = [], {"cores": cores, "cpu": cpu_model(), "matmul_gflops": gflops,
-                        "small_step_profile_ms": profile,
+                        "small_step_profile_ms": profile, "valid_eval_cost": evaluation,
                         "ablation_fwd_bwd_ms": ablation,
                         "small_flops_per_word": flops_per_word(small), "small_wps_ceiling": ceiling}
     half_batch = ("--threads", "1", "--set", "batch_size=10")
@@ -386,6 +424,13 @@ def main(argv=None):
             rows.append((f"one {size} LSTM layer fwd+bwd, ours / PyTorch's",
                          f"{r['ours_ms']:.1f} / {r['pytorch_ms']:.1f} ms: "
                          f"{r['ours_vs_pytorch']:.2f}x PyTorch's speed"))
+    for name, r in evaluation.items():
+        rows.append((f"{name[7:]}: valid evaluation / training epoch",
+                     f"batch 1 x 35: {r['valid_s, batch 1 x 35']:.0f} s "
+                     f"({100 * r['valid_share, batch 1 x 35']:.1f} %), training layout: "
+                     f"{r['valid_s, training layout']:.0f} s "
+                     f"({100 * r['valid_share, training layout']:.1f} %) "
+                     f"of {r['train_epoch_s']:.0f} s"))
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
     rows += [(f"fwd+bwd {name}", f"{ms:.1f} ms") for name, ms in ablation.items()]
     width = max(len(r[0]) for r in rows)
