@@ -24,7 +24,7 @@ from data import ptb
 from utils import cli, training
 from utils.checkpoints import VOCAB_FILE
 from utils.config import DEFAULT_DATA_PATH, ConfigError
-from utils.model import build_model
+from utils.model import build
 
 
 def parse_args(argv):
@@ -82,7 +82,7 @@ def run_vocab(run_dir, corpus):
 
 
 def load_model(run_dir, cfg, vocab_size):
-    model = build_model(cfg, vocab_size)
+    model = build(cfg, vocab_size)
     latest = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise ConfigError(f"--run {run_dir}: no checkpoint in {run_dir}/checkpoints; let the "

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up
 from data import ptb
 from utils import cli, config, logs
 from utils.checkpoints import Checkpoints
-from utils.model import build_model
+from utils.model import build
 from utils import training
 
 
@@ -37,7 +37,7 @@ def main(argv=None):
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
 
-    model = build_model(cfg, len(corpus.vocab))
+    model = build(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)
     train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                           args.seed)

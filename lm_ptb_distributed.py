@@ -25,7 +25,7 @@ import tensorflow as tf
 from data import ptb
 from utils import cli, config, logs
 from utils.checkpoints import Checkpoints
-from utils.model import build_model
+from utils.model import build
 from utils import training
 
 
@@ -121,6 +121,7 @@ def main(argv=None):
     hvd.init()  # Horovod 1: start the ranks' background communication
     pin_to_local_rank(args.threads)  # Horovod 2
     is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
+    cli.report_stops(is_chief)  # Horovod 8
     workers = hvd.size()  # Horovod 5: batch_size is split among them
     # Horovod 5: every rank checks the split before any collective, so none waits for one that quit
     ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
@@ -138,7 +139,7 @@ def main(argv=None):
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
 
-    model = build_model(cfg, len(corpus.vocab))
+    model = build(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)
     if cfg["reduce_type"] == "grad":  # Horovod 3: average gradients, then clip
         optimizer = hvd.DistributedOptimizer(

@@ -49,6 +49,8 @@ CASES = {
         t, lambda s: s.replace("lr_decay = 0.5\n", ""))], "lacks key(s) lr_decay"),
     "config has an unknown key": (lambda t: ["--config", config_file(
         t, lambda s: s + "dropout = 0.1\n")], "has unknown key(s) dropout"),
+    "config not a Python file": (lambda t: ["--config", "/etc/passwd"],
+                                 "config /etc/passwd is not a Python file"),
     "set unknown key": (lambda t: ["--set", "layers=3"], "unknown key 'layers'"),
     "set wrong type": (lambda t: ["--set", "batch_size=2.5"], "batch_size must be int"),
     "set unparseable": (lambda t: ["--set", "keep_prob=0..5"], "cannot parse '0..5'"),
@@ -183,7 +185,8 @@ def wait_for_epoch(run_dir, epoch, job, timeout=120):
     pytest.fail(f"epoch {epoch} did not finish in {timeout} s")
 
 
-@pytest.mark.parametrize("how", ["SIGKILL rank 1", "SIGTERM rank 0", "SIGINT mpirun"])
+@pytest.mark.parametrize("how", ["SIGKILL rank 1", "SIGTERM rank 0", "SIGINT mpirun",
+                                 "SIGTERM mpirun"])
 def test_fault_stops_the_job_and_resume_continues(how, corpus, tmp_path):
     out = str(tmp_path / "run")
     args = ["--config", TINY, "--data_path", corpus, "--output_dir", out, "--log_every", "5",
@@ -199,7 +202,7 @@ def test_fault_stops_the_job_and_resume_continues(how, corpus, tmp_path):
         elif how == "SIGTERM rank 0":
             os.kill(pids[0], signal.SIGTERM)
         else:
-            job.send_signal(signal.SIGINT)
+            job.send_signal(signal.SIGINT if how == "SIGINT mpirun" else signal.SIGTERM)
         _, stderr = job.communicate(timeout=60)
         assert time.monotonic() - started < 60
     finally:
@@ -209,6 +212,8 @@ def test_fault_stops_the_job_and_resume_continues(how, corpus, tmp_path):
     assert job.returncode != 0
     if how == "SIGTERM rank 0":
         assert "error: stopped by SIGTERM" in stderr
+    assert stderr.count("error: stopped by") <= 1, stderr  # rank 0 alone says it
+    assert "Traceback" not in stderr, stderr
     ckpts = os.listdir(os.path.join(out, "checkpoints"))
     assert not [f for f in ckpts if "_temp" in f], ckpts  # no partial checkpoint
     done = len(metrics(out))
@@ -274,3 +279,29 @@ def test_a_partial_line_is_cut_back_when_the_disk_is_full(tmp_path):
         with pytest.raises(OSError):
             append_whole_line(path, "y" * 200_000 + "\n")
         assert open(path).read() == "x" * 1000 + "\n"
+
+
+@pytest.mark.parametrize("ranks", [0, 2], ids=["one process", "2 ranks"])
+def test_resume_skips_a_damaged_newest_checkpoint(ranks, corpus, tmp_path):
+    out = tmp_path / "run"
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", str(out),
+            "--set", "steps_per_epoch=10", "--set", "eval_steps=2"]
+    go = (lambda a: mpirun((ranks, a))) if ranks else (lambda a: run_script(["lm_ptb.py", *a]))
+    assert go([*args, "--set", "num_epochs=3"]).returncode == 0
+    data = out / "checkpoints" / "ckpt-3.data-00000-of-00001"
+    os.truncate(data, data.stat().st_size // 2)  # a copy cut short, a disk error
+    r = go([*args, "--set", "num_epochs=4", "--resume"])
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "ckpt-3 is damaged" in warnings[0], r.stderr
+    assert "Traceback" not in r.stderr
+    epochs = [(e["epoch"], e["lr"]) for e in metrics(out) if e["event"] == "epoch"]
+    assert [e for e, _ in epochs] == [1, 2, 3, 4]  # epoch 3 trained again, from ckpt-2
+
+    for name in os.listdir(out / "checkpoints"):  # now every checkpoint is damaged
+        if ".data-" in name:
+            path = out / "checkpoints" / name
+            os.truncate(path, path.stat().st_size // 2)
+    started = time.monotonic()
+    r = run_script(["lm_ptb.py", *args, "--set", "num_epochs=5", "--resume"])
+    assert_one_line_error(r, "loads (damaged: ckpt-4, ckpt-3, ckpt-2)", started)

@@ -46,5 +46,20 @@ def test_a_run_without_its_2_worker_partner_gets_dashes_in_that_column():
 def test_the_readme_table_is_what_make_results_builds_from_the_committed_logs():
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()
-    block = "\n".join([results.BEGIN, *results.results_block(results.load_all()), results.END])
+    runs = results.load_all()
+    block = "\n".join([results.BEGIN, *results.results_block(runs), results.END])
     assert block in readme, "README.md's results table is stale: run `make results` and commit"
+    with open(os.path.join(REPO, "results", "README.md")) as f:
+        assert f.read() == results.results_readme(runs), \
+            "results/README.md is stale: run `make results` and commit"
+
+
+def test_the_compact_row_puts_both_runs_and_the_machine_side_by_side():
+    env = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
+    single = dict(run("full", 1, [epoch(0, 51.0, 61.0, 80.0), {"event": "test", "test_ppl": 59.0}]),
+                  env=env)
+    dist = dict(run("full", 2, [epoch(0, 50.0, 60.0, 100.0), {"event": "test", "test_ppl": 58.0}]),
+                env=env)
+    assert results.compact_table([single, dist])[2] == (
+        "| small | full | 1 | 60.00 / 61.00 | 58.00 / 59.00 | 100 s / 80 s | 0.80× | "
+        "Intel(R) Xeon(R) Processor, 2 cores |")

@@ -2,6 +2,7 @@
 import glob
 import os
 import shutil
+import sys
 
 import tensorflow as tf
 
@@ -67,17 +68,34 @@ class Checkpoints:
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
     def restore_latest(self):
-        """Restore the newest checkpoint; returns the number of epochs it had finished."""
-        path = self.manager.latest_checkpoint
-        if path is None:
+        """Restore the newest checkpoint that loads; returns the number of epochs it had
+        finished. A damaged one (a truncated file, say) is named in a warning and skipped for
+        the one before it; one saved for another model size stops with the config to use."""
+        if self.manager.latest_checkpoint is None:
             raise ConfigError(f"--resume: no checkpoint in {self.folder}; drop --resume to start "
                               "afresh or point --output_dir at the run to continue")
-        try:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
-        except (ValueError, AssertionError, tf.errors.OpError) as e:
-            first = str(e).strip().splitlines()[0][:200]
-            # The half-matched checkpoint object would warn about every unrestored value at exit.
-            tf.get_logger().setLevel("ERROR")
-            raise ConfigError(f"--resume: checkpoint {path} does not fit this config ({first}); "
-                              "resume with the config it was trained with") from None
-        return int(self.epochs_done.numpy())
+        damaged = []
+        for path in reversed(self.manager.checkpoints):  # newest first
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except (ValueError, AssertionError) as e:
+                # The half-matched checkpoint object would warn about every unrestored value.
+                tf.get_logger().setLevel("ERROR")
+                raise ConfigError(f"--resume: checkpoint {path} does not fit this config "
+                                  f"({first_line(e)}); resume with the config it was trained "
+                                  "with") from None
+            except (IndexError, tf.errors.OpError) as e:  # unreadable: try the one before
+                damaged.append((path, first_line(e)))
+                continue
+            for bad, why in damaged:
+                print(f"warning: checkpoint {bad} is damaged ({why}); resuming from {path}",
+                      file=sys.stderr, flush=True)
+            return int(self.epochs_done.numpy())
+        raise ConfigError(f"--resume: no checkpoint in {self.folder} loads (damaged: "
+                          f"{', '.join(os.path.basename(p) for p, _ in damaged)}); start afresh "
+                          "in another --output_dir or "
+                          "restore the files from a backup")
+
+
+def first_line(error):
+    return str(error).strip().splitlines()[0][:200]

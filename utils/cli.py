@@ -13,6 +13,12 @@ class Interrupted(Exception):
 
 
 _defer = {"active": False, "pending": None}
+_reports = {"stops": True}  # False on the ranks other than 0: one line per job, not per rank
+
+
+def report_stops(yes):
+    """Whether this process prints the line of a stop by signal (rank 0 alone, as every line)."""
+    _reports["stops"] = yes
 
 
 def _on_signal(signum, frame):
@@ -49,8 +55,9 @@ def run_main(main, argv=None):
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except Interrupted as e:
-        print(f"error: stopped by {e}; the last finished epoch's checkpoint is kept, rerun with "
-              "--resume to continue", file=sys.stderr, flush=True)
+        if _reports["stops"]:
+            print(f"error: stopped by {e}; the last finished epoch's checkpoint is kept, rerun "
+                  "with --resume to continue", file=sys.stderr, flush=True)
         return 128 + e.signum
     except Exception as e:  # noqa: BLE001 -- only Horovod's shutdown is ours to word
         if "Horovod has been shut down" not in str(e):

@@ -36,6 +36,7 @@ SCHEMA = {
     "reduce_type": ((str,), False),
     "param_sync_steps": ((int,), False),
     "backward_passes_per_step": ((int,), False),
+    "model": ((str,), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 # Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication",
@@ -43,7 +44,8 @@ FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 # num_steps). A config file may set them; otherwise these defaults hold.
 DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False,
             "reduce_type": "grad", "param_sync_steps": 10, "timeline": False,
-            "valid_batch_size": None, "valid_num_steps": None}
+            "valid_batch_size": None, "valid_num_steps": None,
+            "model": "utils.model:build_model"}  # "module:function" that builds the model
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
@@ -111,6 +113,9 @@ def _import_config(name_or_path):
         choices = sorted(f[:-3] for f in os.listdir(REPO) if f.startswith("config_"))
         raise ConfigError(f"unknown config {name_or_path!r}; use one of {', '.join(choices)} "
                           "or a path to a .py file")
+    if not path.endswith(".py"):
+        raise ConfigError(f"config {name_or_path} is not a Python file; a config is a .py module "
+                          "of constants like config_small.py: copy it and change the values")
     spec = importlib.util.spec_from_file_location("_ptb_config", path)
     module = importlib.util.module_from_spec(spec)
     try:

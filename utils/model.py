@@ -1,4 +1,6 @@
 """The word-level LSTM language model of Zaremba et al. 2014, in tf.keras."""
+import importlib
+
 import tensorflow as tf
 
 
@@ -160,6 +162,22 @@ class PTBModel(tf.keras.Model):
                              "seed, e.g. training.noise_seed(seed, rank, step))")
         seed = tf.random.experimental.stateless_fold_in(noise_seed, layer)
         return tf.nn.experimental.stateless_dropout(x, self.dropout_rate, seed)
+
+
+def build(cfg, vocab_size):
+    """The model the config's `model` key names ("module:function", called with the config and
+    the vocabulary size; default build_model below), its variables created. Another model needs
+    only that function: call(inputs, state, training, noise_seed) -> (logits, state) and
+    zero_state(batch), as PTBModel has."""
+    from utils.config import ConfigError
+    spec = cfg.get("model", "utils.model:build_model")  # runs logged before the key existed
+    module, _, name = spec.partition(":")
+    try:
+        builder = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"model {spec!r} cannot be loaded ({e}); give "
+                          "'module:function', importable from the repository folder") from None
+    return builder(cfg, vocab_size)
 
 
 def build_model(cfg, vocab_size, lstm_impl=None):
