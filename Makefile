@@ -2,13 +2,17 @@
 #   make train   set up, then train the small config with 2 Horovod workers on this host
 #   make test    set up, then run the whole test suite
 # Offline machines: PTB_DATA_PATH=/path/to/ptb make ...   (a folder with ptb.{train,valid,test}.txt)
+# RUNS (default runs) holds the run folders; ARGS adds trainer flags (--set num_epochs=1, say).
 PTB_DATA_PATH ?= data/ptb
 export PTB_DATA_PATH
 CONFIG ?= config_small
 NP ?= 2
 PY := .venv/bin/python
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
-RUN_DIR = runs/$(CONFIG)-$(1)
+RUNS ?= runs
+ARGS ?=
+# runs/config_small-np2; a config given as a path (tests/config_tiny.py) is named by its file
+RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
@@ -16,11 +20,11 @@ RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
-	    --output_dir $(call RUN_DIR,np$(NP)) $(call RESUME,np$(NP))
+	    --output_dir $(call RUN_DIR,np$(NP)) $(call RESUME,np$(NP)) $(ARGS)
 
 single: setup data
 	$(PY) lm_ptb.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) --output_dir $(call RUN_DIR,single) \
-	    $(call RESUME,single)
+	    $(call RESUME,single) $(ARGS)
 
 test: setup data
 	$(PY) -m pytest -q

@@ -183,6 +183,55 @@ def find_peer(path):
     return None
 
 
+def layer_profile(reps=15, units=650, steps=35):
+    """Where one medium LSTM layer's fwd+bwd time goes, each part alone, all timed in turns: the
+    whole layer, its forward (input projection and the sequential loop), the 35 recurrent
+    products alone (forward), the backward's 35 products alone, and the 4 large products."""
+    import tensorflow as tf
+    from utils.model import _input_projection, _recurrence, _transposed, bptt_lstm
+    lstm = tf.keras.layers.LSTM(units, return_sequences=True, return_state=True)
+    x = tf.random.normal([20, steps, units])
+    h, c = tf.random.normal([20, units]), tf.random.normal([20, units])
+    lstm(x)
+    cell = lstm.cell
+    rows, dz = tf.random.normal([20 * steps, units]), tf.random.normal([20 * steps, 4 * units])
+
+    @tf.function
+    def forward():
+        _, z_x = _input_projection(x, cell.kernel, cell.bias)
+        return _recurrence(z_x, h, c, cell.recurrent_kernel)[0][-1]
+
+    @tf.function
+    def forward_products():
+        out = h
+        for _ in range(steps):
+            out = tf.matmul(out, cell.recurrent_kernel)[:, :units]
+        return out
+
+    @tf.function
+    def backward_products():
+        recurrent_t, out = _transposed(cell.recurrent_kernel), dz[:20]
+        for _ in range(steps):
+            out = tf.tile(tf.matmul(out, recurrent_t), [1, 4])
+        return out
+
+    @tf.function
+    def large_products():
+        return [tf.matmul(rows, cell.kernel), tf.matmul(rows, dz, transpose_a=True),
+                tf.matmul(rows, dz, transpose_a=True), tf.matmul(dz, cell.kernel,
+                                                                 transpose_b=True)]
+    parts = {"whole layer, fwd+bwd": fwd_bwd(lambda: tf.reduce_sum(
+                 bptt_lstm(cell, x, h, c)[0]), lstm.trainable_variables),
+             "forward (projection + loop)": forward,
+             "35 forward recurrent products alone": forward_products,
+             "35 backward recurrent products alone": backward_products,
+             "4 large products (input projection, 2 weight gradients, input gradient)":
+                 large_products}
+    for run in parts.values():
+        run()
+    return dict(zip(parts, timed_alternately(list(parts.values()), reps)))
+
+
 def eval_cost(data_path, train_steps, eval_windows):
     """What the per-epoch validation costs against a training epoch, for medium and large, in
     one process: the training epoch as the median step time x the steps of an epoch, the
@@ -333,6 +382,8 @@ def main(argv=None):
     p.add_argument("--tune", action="store_true",
                    help="only Horovod's settings and parameter averaging for 2 ranks on this host "
                         "(about 15 minutes)")
+    p.add_argument("--profile-layer", action="store_true",
+                   help="only where one medium LSTM layer's time goes (under a minute)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
     p.add_argument("--peer_python", default=os.path.join(REPO, ".venv-peer", "bin", "python"),
@@ -347,6 +398,12 @@ def main(argv=None):
     cores = len(os.sched_getaffinity(0))
     if args.tune:
         return write_result(tune(args, (py, mpirun, dist)), args.out)
+    if args.profile_layer:
+        print(f"one medium LSTM layer (20 x 35 x 650), {cores} cores, {cpu_model()}; ms, median "
+              "of 15, parts timed in turns")
+        for name, ms in layer_profile().items():
+            print(f"  {name:<72} {ms:6.1f}")
+        return None
 
     peer = find_peer(args.peer_python)
     gflops = matmul_gflops()

@@ -30,7 +30,9 @@ def _on_signal(signum, frame):
 
 @contextlib.contextmanager
 def signals_deferred():
-    """Hold SIGINT/SIGTERM until the block ends, so a checkpoint is never half written by us."""
+    """Hold SIGINT/SIGTERM until the block ends: a checkpoint is never half written by us, and a
+    training step is never cut inside TensorFlow's Python code, which would turn the stop into
+    an error of its own (and a traceback)."""
     _defer["active"] = True
     try:
         yield
@@ -39,6 +41,19 @@ def signals_deferred():
         pending, _defer["pending"] = _defer["pending"], None
         if pending is not None:
             raise Interrupted(pending)
+
+
+def interruption(error):
+    """The Interrupted behind an exception: our own, or one that TensorFlow wrapped into its
+    own error because the signal arrived inside its Python code (binding a tf.function's
+    arguments, say), which keeps it as the cause."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Interrupted):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def run_main(main, argv=None):
@@ -54,12 +69,13 @@ def run_main(main, argv=None):
     except (DataError, ConfigError, TrainingError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    except Interrupted as e:
-        if _reports["stops"]:
-            print(f"error: stopped by {e}; the last finished epoch's checkpoint is kept, rerun "
-                  "with --resume to continue", file=sys.stderr, flush=True)
-        return 128 + e.signum
-    except Exception as e:  # noqa: BLE001 -- only Horovod's shutdown is ours to word
+    except Exception as e:  # noqa: BLE001 -- only stops and Horovod's shutdown are ours
+        stop = interruption(e)
+        if stop is not None:
+            if _reports["stops"]:
+                print(f"error: stopped by {stop}; the last finished epoch's checkpoint is kept, "
+                      "rerun with --resume to continue", file=sys.stderr, flush=True)
+            return 128 + stop.signum
         if "Horovod has been shut down" not in str(e):
             raise
         print("error: another rank stopped, so this one stops too (that rank's error says "

@@ -6,6 +6,7 @@ import time
 import tensorflow as tf
 
 from data import ptb
+from utils.cli import signals_deferred
 from utils.model import sequence_loss
 
 
@@ -157,15 +158,17 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
     start = time.perf_counter()
     for step in range(steps):
         t0 = time.perf_counter()
-        loss, state = train_step(x[step], y[step], state)
-        if after_step:
-            after_step(step + 1, steps)
+        with signals_deferred():  # a signal raised inside TensorFlow's call would be mangled
+            loss, state = train_step(x[step], y[step], state)
+            if after_step:
+                after_step(step + 1, steps)
         pending += loss
         since += 1
         compute_s += time.perf_counter() - t0
         if (step + 1) % log_every == 0 or step + 1 == steps:
             # One host read per log line, not per step.
-            window_loss = float(average(pending) if average else pending)
+            with signals_deferred():
+                window_loss = float(average(pending) if average else pending)
             if not math.isfinite(window_loss):
                 raise TrainingError(f"loss became {window_loss} in epoch {epoch + 1} between steps "
                                     f"{step + 2 - since} and {step + 1}; the last checkpoint is "
@@ -203,6 +206,7 @@ def evaluate(eval_step, model, x, y, cfg):
     x, y = tf.constant(x), tf.constant(y)
     total = tf.constant(0.0)
     for step in range(steps):
-        loss, state = eval_step(x[step], y[step], state)
+        with signals_deferred():
+            loss, state = eval_step(x[step], y[step], state)
         total += loss
     return perplexity(float(total), steps * x.shape[2])

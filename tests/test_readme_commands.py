@@ -1,0 +1,68 @@
+"""Every command in README's code blocks is run by some test: a command README shows and no test
+runs fails here. COVERED says which test runs each (a bounded variant: fewer steps, the tiny
+config); NOT_HERE lists, by name, the commands that need what this machine lacks."""
+import os
+import re
+import subprocess
+
+
+from tests.helpers import REPO, TINY
+
+COVERED = {
+    "make train": "tests/test_readme_commands.py::test_make_train_and_single_bounded",
+    "make test": ".ci/run (CI runs the whole suite through it)",
+    "PTB_DATA_PATH=/path/to/ptb make train":
+        "tests/test_readme_commands.py::test_make_train_and_single_bounded",
+    "mpirun -np 4 -bind-to none -map-by slot python lm_ptb_distributed.py --config config_small":
+        "tests/test_distributed.py::test_four_ranks_train_and_three_ranks_fail_cleanly",
+    "mpirun -np 2 -H a:1,b:1 -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH "
+    "-mca pml ob1 -mca btl tcp,self -mca btl_tcp_if_include eth0 "
+    "python lm_ptb_distributed.py --config config_small":
+        "tests/test_distributed.py::test_two_hosts_over_veth",
+    "horovodrun -np 2 -H localhost:2 python lm_ptb_distributed.py --config config_small":
+        "tests/test_distributed.py::test_horovodrun_gloo_on_one_host",
+    "python evaluate.py perplexity --run runs/config_small-np2":
+        "tests/test_use.py::test_perplexity_in_a_process_where_horovod_cannot_be_imported",
+    "python evaluate.py generate --run runs/config_small-np2 --prompt \"the company said\" "
+    "--length 30": "tests/test_use.py::test_generation_is_reproducible_and_handles_unknown_words",
+    "python evaluate.py export --run runs/config_small-np2 --export_dir exported/small":
+        "tests/test_use.py::test_saved_model_runs_with_plain_tensorflow_and_no_repo",
+    "tensorboard --logdir runs": "tests/test_use.py::test_tensorboard_serves_the_runs_scalars",
+}
+NOT_HERE = {}  # command -> what it needs (a GPU, say); none in README's code blocks today
+
+
+def readme_commands():
+    """Each command of README's sh code blocks, continuation lines joined, comments dropped."""
+    text = open(os.path.join(REPO, "README.md")).read()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands.append(re.sub(r"\s+", " ", line))
+    return commands
+
+
+def test_every_readme_command_is_run_by_a_named_test():
+    commands = readme_commands()
+    assert len(commands) >= 8
+    missing = [c for c in commands if c not in COVERED and c not in NOT_HERE]
+    assert not missing, f"README commands no test runs (add a test and list it): {missing}"
+    for test in set(COVERED.values()):
+        if test.startswith("tests/"):
+            path, name = test.split("::")
+            assert f"def {name}(" in open(os.path.join(REPO, path)).read(), test
+
+
+def test_make_train_and_single_bounded(ptb_path, tmp_path):
+    """README's quick start, bounded: `make train` with the data variable and the tiny config."""
+    env = dict(os.environ, PTB_DATA_PATH=ptb_path)
+    args = ["RUNS=" + str(tmp_path), f"CONFIG={TINY}",
+            "ARGS=--set num_epochs=1 --set steps_per_epoch=5 --set eval_steps=2"]
+    for target, folder in (("train", "config_tiny-np2"), ("single", "config_tiny-single")):
+        r = subprocess.run(["make", target, *args], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "[ptb] test ppl" in r.stdout
+        assert os.path.exists(os.path.join(tmp_path, folder, "checkpoints", "checkpoint"))
