@@ -90,31 +90,36 @@ def perplexities(single, dist, event, key):
     return " / ".join(values)
 
 
-def table(runs):
+def row_runs(runs):
+    """Per table row, in order: (config name, kind, 1-process run, 2-worker run, epochs, time
+    per epoch of each), the runs absent as None."""
     by = {(r["config"]["name"], r["kind"], r["workers"]): r for r in runs}
-    rows = ["| config | run | epochs | train ppl, 2 workers / 1 process | valid ppl, 2 / 1 | "
-            "test ppl, 2 / 1 | time/epoch, 2 workers | time/epoch, 1 process | speedup |",
-            "|" + " --- |" * 9]
     for name in ("config_small", "config_medium", "config_large"):
         for kind in ("full", "partial", "bounded"):
             single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
-            if not (single or dist):
-                continue
-            epochs = sum(e["event"] == "epoch" for e in (dist or single)["events"])
-            t1 = epoch_time(single) if single else None
-            t2 = epoch_time(dist) if dist else None
-            speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
-            label = {"full": "full",
-                     "partial": f"partial ({epochs} of {paper_epochs(name)} epochs)",
-                     "bounded": "bounded (time from the first steps)"}[kind]
-            if kind == "bounded":
-                cells = ["—"] * 4
-            else:
-                cells = [str(epochs), perplexities(single, dist, "epoch", "train_ppl"),
-                         perplexities(single, dist, "epoch", "valid_ppl"),
-                         perplexities(single, dist, "test", "test_ppl")]
-            rows.append(f"| {name.replace('config_', '')} | {label} | {' | '.join(cells)} | "
-                        f"{fmt(t2, unit=' s')} | {fmt(t1, unit=' s')} | {speedup} |")
+            if single or dist:
+                epochs = sum(e["event"] == "epoch" for e in (dist or single)["events"])
+                yield (name, kind, single, dist, epochs, single and epoch_time(single),
+                       dist and epoch_time(dist))
+
+
+def table(runs):
+    rows = ["| config | run | epochs | train ppl, 2 workers / 1 process | valid ppl, 2 / 1 | "
+            "test ppl, 2 / 1 | time/epoch, 2 workers | time/epoch, 1 process | speedup |",
+            "|" + " --- |" * 9]
+    for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
+        speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
+        label = {"full": "full",
+                 "partial": f"partial ({epochs} of {paper_epochs(name)} epochs)",
+                 "bounded": "bounded (time from the first steps)"}[kind]
+        if kind == "bounded":
+            cells = ["—"] * 4
+        else:
+            cells = [str(epochs), perplexities(single, dist, "epoch", "train_ppl"),
+                     perplexities(single, dist, "epoch", "valid_ppl"),
+                     perplexities(single, dist, "test", "test_ppl")]
+        rows.append(f"| {name.replace('config_', '')} | {label} | {' | '.join(cells)} | "
+                    f"{fmt(t2, unit=' s')} | {fmt(t1, unit=' s')} | {speedup} |")
     return rows
 
 
@@ -210,26 +215,18 @@ def machine(runs):
 
 def compact_table(runs):
     """README's table: one row per config and run kind, 2 workers / 1 process side by side."""
-    by = {(r["config"]["name"], r["kind"], r["workers"]): r for r in runs}
     rows = ["| config | run | epochs | valid ppl, 2 workers / 1 process | test ppl, 2 / 1 | "
             "time/epoch, 2 / 1 | speedup | machine |", "|" + " --- |" * 8]
-    for name in ("config_small", "config_medium", "config_large"):
-        for kind in ("full", "partial", "bounded"):
-            single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
-            if not (single or dist):
-                continue
-            epochs = sum(e["event"] == "epoch" for e in (dist or single)["events"])
-            t1 = epoch_time(single) if single else None
-            t2 = epoch_time(dist) if dist else None
-            label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs",
-                     "bounded": "timed steps"}[kind]
-            ppl = (["—", "—"] if kind == "bounded" else
-                   [perplexities(single, dist, "epoch", "valid_ppl"),
-                    perplexities(single, dist, "test", "test_ppl")])
-            rows.append(f"| {name.replace('config_', '')} | {label} | "
-                        f"{'—' if kind == 'bounded' else epochs} | {' | '.join(ppl)} | "
-                        f"{fmt(t2, '.0f', ' s')} / {fmt(t1, '.0f', ' s')} | "
-                        f"{f'{t1 / t2:.2f}×' if t1 and t2 else '—'} | {machine([single, dist])} |")
+    for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
+        label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs",
+                 "bounded": "timed steps"}[kind]
+        ppl = (["—", "—"] if kind == "bounded" else
+               [perplexities(single, dist, "epoch", "valid_ppl"),
+                perplexities(single, dist, "test", "test_ppl")])
+        rows.append(f"| {name.replace('config_', '')} | {label} | "
+                    f"{'—' if kind == 'bounded' else epochs} | {' | '.join(ppl)} | "
+                    f"{fmt(t2, '.0f', ' s')} / {fmt(t1, '.0f', ' s')} | "
+                    f"{f'{t1 / t2:.2f}×' if t1 and t2 else '—'} | {machine([single, dist])} |")
     return rows
 
 
