@@ -57,6 +57,15 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def parse_line(line):
+    """One event of metrics.jsonl, or None for a blank line or one cut short by a crash of a
+    version that wrote lines in pieces."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except ValueError:
+        return None
+
+
 def append_whole_line(path, line):
     """Append one line with a single write; if the disk takes only part of it, cut the file
     back, so that every line of the file is whole."""
@@ -139,11 +148,15 @@ class RunLog:
         if not self.enabled or not os.path.exists(self.path):
             return None
         with open(self.path) as f:
-            events = [json.loads(line) for line in f if line.strip()]
+            events = [e for e in map(parse_line, f) if e]
         kept = [e for e in events if e["event"] != "test" and e["epoch"] <= epochs_done]
-        with open(self.path + ".tmp", "w") as f:
-            f.writelines(json.dumps(e) + "\n" for e in kept)
-        os.replace(self.path + ".tmp", self.path)  # whole, or not at all
+        try:
+            with open(self.path + ".tmp", "w") as f:
+                f.writelines(json.dumps(e) + "\n" for e in kept)
+            os.replace(self.path + ".tmp", self.path)  # whole, or not at all
+        except OSError as e:
+            raise OutputError(f"cannot rewrite {self.path} for the resume ({os_reason(e)}); it "
+                              "is unchanged; free space, then rerun with --resume") from None
         mine = [e for e in kept if e["epoch"] == epochs_done]
         if not mine or any(e["event"] == "epoch" for e in mine):
             return None
