@@ -87,10 +87,10 @@ def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
     """The checkpoint comes before validation: a stop there loses nothing, and the resumed run
     writes the missing epoch line, with the valid perplexity of the saved model."""
     out = str(tmp_path / "run")
-    # the whole valid set at batch 1: seconds of validation, long enough to stop inside it
+    # 1,000 windows of the valid set at batch 1: seconds of validation, long enough to stop in
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
             "--set", "steps_per_epoch=30", "--set", "num_epochs=2",
-            "--set", "valid_batch_size=1"]
+            "--set", "valid_batch_size=1", "--set", "eval_steps=1000"]
     job = start(args)
     saved = os.path.join(out, "checkpoints", "ckpt-2.index")
     stop_when(job, lambda: os.path.exists(saved))
