@@ -21,7 +21,11 @@ def report_stops(yes):
     _reports["stops"] = yes
 
 
+_received = {"signum": None}  # the stop signal that arrived, if any
+
+
 def _on_signal(signum, frame):
+    _received["signum"] = signum
     if _defer["active"]:
         _defer["pending"] = signum
     else:
@@ -71,6 +75,10 @@ def run_main(main, argv=None):
         return 2
     except Exception as e:  # noqa: BLE001 -- only stops and Horovod's shutdown are ours
         stop = interruption(e)
+        if stop is None and _received["signum"] is not None:
+            # the stop surfaced as another error: TensorFlow's Python code was running when the
+            # signal came, and turned our exception into one of its own
+            stop = Interrupted(_received["signum"])
         if stop is not None:
             if _reports["stops"]:
                 print(f"error: stopped by {stop}; the last finished epoch's checkpoint is kept, "
