@@ -24,6 +24,7 @@ from data import ptb
 from utils import cli, training
 from utils.checkpoints import VOCAB_FILE
 from utils.config import DEFAULT_DATA_PATH, ConfigError
+from utils.logs import first_line
 from utils.model import build
 
 
@@ -93,9 +94,8 @@ def load_model(run_dir, cfg, vocab_size):
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
-        missing = str(e).strip().splitlines()[0][:200]
         raise ConfigError(f"--run {run_dir}: checkpoint {latest} lacks weights of this model "
-                          f"({missing}); evaluate with the code and config it was trained "
+                          f"({first_line(e)}); evaluate with the code and config it was trained "
                           "with") from None
     return model
 

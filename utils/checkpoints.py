@@ -10,7 +10,7 @@ from data import ptb
 
 from utils.cli import signals_deferred
 from utils.config import ConfigError
-from utils.logs import OutputError, os_reason
+from utils.logs import OutputError, first_line, os_reason
 
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
@@ -95,7 +95,3 @@ class Checkpoints:
                           f"{', '.join(os.path.basename(p) for p, _ in damaged)}); start afresh "
                           "in another --output_dir or "
                           "restore the files from a backup")
-
-
-def first_line(error):
-    return str(error).strip().splitlines()[0][:200]

@@ -47,19 +47,6 @@ def signals_deferred():
             raise Interrupted(pending)
 
 
-def interruption(error):
-    """The Interrupted behind an exception: our own, or one that TensorFlow wrapped into its
-    own error because the signal arrived inside its Python code (binding a tf.function's
-    arguments, say), which keeps it as the cause."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, Interrupted):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
-
-
 def run_main(main, argv=None):
     """Run a trainer's main(); known errors become one line on stderr and a non-zero exit."""
     from data.ptb import DataError
@@ -74,16 +61,14 @@ def run_main(main, argv=None):
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except Exception as e:  # noqa: BLE001 -- only stops and Horovod's shutdown are ours
-        stop = interruption(e)
-        if stop is None and _received["signum"] is not None:
-            # the stop surfaced as another error: TensorFlow's Python code was running when the
-            # signal came, and turned our exception into one of its own
-            stop = Interrupted(_received["signum"])
-        if stop is not None:
+        # After a stop signal, any error is the stop: our Interrupted, or what TensorFlow made
+        # of it when the signal came while its Python code ran (a TypeError, a pybind11 error).
+        if _received["signum"] is not None:
             if _reports["stops"]:
-                print(f"error: stopped by {stop}; the last finished epoch's checkpoint is kept, "
-                      "rerun with --resume to continue", file=sys.stderr, flush=True)
-            return 128 + stop.signum
+                print(f"error: stopped by {signal.Signals(_received['signum']).name}; the last "
+                      "finished epoch's checkpoint is kept, rerun with --resume to continue",
+                      file=sys.stderr, flush=True)
+            return 128 + _received["signum"]
         if "Horovod has been shut down" not in str(e):
             raise
         print("error: another rank stopped, so this one stops too (that rank's error says "

@@ -15,11 +15,16 @@ class OutputError(Exception):
     error, what is kept and what to do."""
 
 
+def first_line(error, limit=200):
+    """An error's first line, cut to `limit` characters: enough for a one-line message."""
+    return str(error).strip().splitlines()[0][:limit]
+
+
 def os_reason(error):
     """The OS's words for a failed write, from an OSError or a TensorFlow op error."""
     if isinstance(error, OSError):
         return f"{error.strerror or error}: {error.filename}" if error.filename else str(error)
-    return str(getattr(error, "message", error)).strip().splitlines()[0][:300]
+    return first_line(getattr(error, "message", error), 300)
 
 
 def format_duration(seconds):
