@@ -27,6 +27,7 @@ from utils import cli, config, logs
 from utils.checkpoints import Checkpoints
 from utils.model import build
 from utils import training
+from utils.watchdog import Watchdog, chief_work_allowance
 
 
 def set_horovod_env(cfg):
@@ -114,6 +115,18 @@ def average_over_ranks(value):
     return hvd.allreduce(value, op=hvd.Average)
 
 
+def wait_for_chief(watchdog, stats, train_x, eval_x):
+    """Horovod 10: the other ranks wait here while rank 0 saves and evaluates alone, allowing
+    for that work beyond step_timeout_s (rank 0's watchdog times each of its own steps); then a
+    rank that never arrives ends the job instead of hanging it."""
+    extra_s = 0.0
+    if hvd.rank() != 0 and stats:
+        step_s = stats["epoch_time_s"] / stats["steps"]
+        extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
+    watchdog.expect("the wait for rank 0's checkpoint and evaluation", extra_s=extra_s)
+    hvd.broadcast_object(None, root_rank=0, name="chief_done")
+
+
 def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
@@ -156,6 +169,7 @@ def main(argv=None):
         start_timeline(args.output_dir)  # Horovod 9
     after_step = parameter_averaging(model, cfg)  # Horovod 3: None unless reduce_type "param"
 
+    watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), workers, args.output_dir)  # Horovod 10
     stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
     unlogged = log.resume(start_epoch) if args.resume else None
     if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
@@ -167,16 +181,20 @@ def main(argv=None):
         stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
                                      log_every=args.log_every, workers=workers,
                                      average=average_over_ranks,  # Horovod 8
-                                     after_step=after_step)  # Horovod 3
+                                     after_step=after_step,  # Horovod 3
+                                     watchdog=watchdog)  # Horovod 10
         step += stats["steps"]
         if is_chief:
             checkpoints.save(epoch + 1)  # before validation, so that a stop there keeps the epoch
-            valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
+            valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
             log.epoch(epoch, step, lr, stats, valid_ppl)
+        wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
     if is_chief:
-        test_ppl = training.evaluate(eval_step, model, *test, cfg)
+        test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
         last = cfg["num_epochs"] - 1
         log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
+    wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
+    watchdog.stop()  # Horovod 10
 
 
 if __name__ == "__main__":

@@ -305,3 +305,54 @@ def test_resume_skips_a_damaged_newest_checkpoint(ranks, corpus, tmp_path):
     started = time.monotonic()
     r = run_script(["lm_ptb.py", *args, "--set", "num_epochs=5", "--resume"])
     assert_one_line_error(r, "loads (damaged: ckpt-4, ckpt-3, ckpt-2)", started)
+
+
+@pytest.mark.parametrize("frozen", [1, 0], ids=["SIGSTOP rank 1", "SIGSTOP rank 0"])
+def test_a_frozen_rank_ends_the_job_and_resume_continues(frozen, corpus, tmp_path):
+    """A stopped rank (a frozen node, a stuck filesystem read) leaves its peer blocked in an
+    allreduce for ever; the peer's step watchdog ends the job instead."""
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", out, "--log_every", "5",
+            "--set", "num_epochs=3", "--set", "step_timeout_s=20"]
+    job = start_job(args)
+    try:
+        wait_for_epoch(out, 1, job)
+        pids = rank_pids(job)
+        started = time.monotonic()
+        os.kill(pids[frozen], signal.SIGSTOP)
+        _, stderr = job.communicate(timeout=90)
+        elapsed = time.monotonic() - started
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)  # ends a stopped process too
+            job.wait()
+    assert job.returncode != 0 and 20 <= elapsed < 60, (job.returncode, elapsed, stderr)
+    lines = [line for line in stderr.splitlines() if "did not finish" in line]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"error: rank {1 - frozen} of 2: a training step did not finish "
+                               "in 20 s, so a peer rank is probably stopped or hung"), lines[0]
+    assert f"kept in {out}: relaunch with --resume" in lines[0], lines[0]
+    assert "Traceback" not in stderr, stderr
+    assert os.path.exists(os.path.join(out, "checkpoints", "ckpt-1.index"))
+    assert not [f for f in os.listdir(os.path.join(out, "checkpoints")) if "_temp" in f]
+    r = mpirun((2, [*args, "--resume"]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [e["epoch"] for e in metrics(out) if e["event"] == "epoch"][-2:] == [2, 3]
+
+
+def test_rank_0_evaluating_longer_than_the_step_timeout_does_not_trip_the_others(ptb_path,
+                                                                                  tmp_path):
+    """Rank 1 waits for rank 0's checkpoint, batch-1 validation and test (seconds each) with a
+    step timeout of 2 s: its watchdog allows for that work, so the run ends normally."""
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "10",
+            "--set", "num_epochs=1", "--set", "steps_per_epoch=30", "--set", "eval_steps=3000",
+            "--set", "valid_batch_size=1", "--set", "valid_num_steps=5",
+            "--set", "step_timeout_s=2"]
+    r = mpirun((2, args))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "did not finish" not in r.stderr
+    events = metrics(out)
+    trained, validated, tested = (events[-3]["time"], events[-2]["time"], events[-1]["time"])
+    assert [e["event"] for e in events[-3:]] == ["progress", "epoch", "test"]
+    assert validated - trained > 2 and tested - validated > 2, (trained, validated, tested)

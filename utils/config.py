@@ -37,6 +37,7 @@ SCHEMA = {
     "param_sync_steps": ((int,), False),
     "backward_passes_per_step": ((int,), False),
     "model": ((str,), False),
+    "step_timeout_s": ((float, int), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 # Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication",
@@ -45,12 +46,15 @@ FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False,
             "reduce_type": "grad", "param_sync_steps": 10, "timeline": False,
             "valid_batch_size": None, "valid_num_steps": None,
-            "model": "utils.model:build_model"}  # "module:function" that builds the model
+            "model": "utils.model:build_model",  # "module:function" that builds the model
+            # A rank ends the job when a step has not finished after this long (a peer stopped
+            # or hung); 10 minutes, as NCCL's default in PyTorch: far above any step here.
+            "step_timeout_s": 600}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
             "valid_batch_size", "valid_num_steps",
-            "param_sync_steps", "backward_passes_per_step"}
+            "param_sync_steps", "backward_passes_per_step", "step_timeout_s"}
 CHOICES = {"reduce_type": ("grad", "param")}
 
 

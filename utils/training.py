@@ -141,13 +141,14 @@ def epoch_steps(cfg, num_windows):
 
 
 def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_every=0, workers=1,
-                after_step=None):
+                after_step=None, watchdog=None):
     """One pass over the windows x, y ([steps, batch, num_steps]); the LSTM state starts at zero.
 
     `average` turns a local scalar into the mean over workers (None in one process), so the
     perplexity logged is that of the global batch. It is called at the same steps on every
     worker, since all of them run the same number of steps. `after_step(done, steps)`, if
-    given, runs after each step (parameter averaging, for one).
+    given, runs after each step (parameter averaging, for one). A `watchdog` (utils.watchdog)
+    is told of each step, so that a step that never finishes ends the process.
     """
     steps = epoch_steps(cfg, len(x))
     words_per_step = cfg["batch_size"] * cfg["num_steps"]  # the global batch
@@ -158,6 +159,8 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
     start = time.perf_counter()
     for step in range(steps):
         t0 = time.perf_counter()
+        if watchdog:
+            watchdog.expect("a training step")
         with signals_deferred():  # a signal raised inside TensorFlow's call would be mangled
             loss, state = train_step(x[step], y[step], state)
             if after_step:
@@ -198,7 +201,7 @@ def eval_windows(corpus, cfg):
     return valid, test
 
 
-def evaluate(eval_step, model, x, y, cfg):
+def evaluate(eval_step, model, x, y, cfg, watchdog=None):
     """Perplexity over windows x, y ([steps, batch, num_steps] from ptb.windows), the state
     carried from one window to the next; at most eval_steps windows."""
     steps = len(x) if cfg["eval_steps"] is None else min(len(x), cfg["eval_steps"])
@@ -206,6 +209,8 @@ def evaluate(eval_step, model, x, y, cfg):
     x, y = tf.constant(x), tf.constant(y)
     total = tf.constant(0.0)
     for step in range(steps):
+        if watchdog:
+            watchdog.expect("an evaluation step")
         with signals_deferred():
             loss, state = eval_step(x[step], y[step], state)
         total += loss

@@ -1,0 +1,80 @@
+"""A step watchdog: a rank whose step cannot finish (a peer rank stopped or hung) ends itself.
+
+A rank blocked in a collective waits for ever: nothing in the main thread can run, and an
+allreduce has no timeout. A thread beside it watches a deadline that each finished step moves
+forward; when the deadline passes it prints one line and ends the process, so that the
+launcher (mpirun, horovodrun, srun) ends the job and the allocation is not held by a hang.
+Checkpoints are written whole or not at all, so the newest complete one survives.
+"""
+import os
+import sys
+import threading
+import time
+
+EXIT_STATUS = 124  # what timeout(1) returns
+TICK_S = 1.0  # the watchdog looks at the deadline once a second
+PAUSED_S = 2.0  # a tick this late means this process was not running
+WARM_UP = 3  # the first step of each kind also traces and compiles it: three times the time
+
+
+class Watchdog:
+    """`expect(what)` before each step gives it step_timeout_s seconds (WARM_UP times that the
+    first time `what` is seen); `expect(what, extra_s=...)` allows more for a known wait."""
+
+    def __init__(self, step_timeout_s, rank, size, output_dir):
+        self.timeout_s = step_timeout_s
+        self.where = f"rank {rank} of {size}"
+        self.output_dir = output_dir
+        self._seen = set()
+        self._deadline = None
+        self._what = None
+        self._allowed_s = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="step-watchdog", daemon=True).start()
+
+    def expect(self, what, extra_s=0.0):
+        allowed = self.timeout_s * (1 if what in self._seen else WARM_UP) + extra_s
+        self._seen.add(what)
+        with self._lock:
+            self._deadline = time.monotonic() + allowed
+            self._what, self._allowed_s = what, allowed
+
+    def stop(self):
+        with self._lock:
+            self._deadline = None
+
+    def _watch(self):
+        last_tick = time.monotonic()
+        while True:
+            time.sleep(TICK_S)
+            with self._lock:
+                now = time.monotonic()
+                paused_s, last_tick = now - last_tick - TICK_S, now
+                if self._deadline is None:
+                    continue
+                if paused_s > PAUSED_S:
+                    # This process itself was not running (SIGSTOP, a suspended VM): that time
+                    # is not the peers' fault, so it does not count against the step.
+                    self._deadline += paused_s
+                if now > self._deadline:
+                    sys.stderr.write(self.message() + "\n")
+                    sys.stderr.flush()
+                    os._exit(EXIT_STATUS)  # the main thread is stuck in C++; nothing else ends it
+
+    def message(self):
+        return (f"error: {self.where}: {self._what} did not finish in {self._allowed_s:.0f} s, so "
+                "a peer rank is probably stopped or hung (or this host is that slow); the "
+                f"checkpoint of the last finished epoch is kept in {self.output_dir}: relaunch "
+                "with --resume (and --set step_timeout_s=N if the steps are really that slow)")
+
+
+def chief_work_allowance(step_s, train_window, eval_windows):
+    """Seconds the other ranks allow rank 0, beyond step_timeout_s, for an evaluation they wait
+    for: eval_windows = (windows, rows, num_steps), judged by this rank's mean training step
+    time step_s on its train_window = (rows, num_steps). A forward pass costs about a third of a
+    training step of the same tokens, so twice the training time of those tokens is ample; a
+    window of fewer tokens than a training step counts as a whole step (at batch 1 a window is
+    sequential work, not proportionally cheaper)."""
+    windows, rows, num_steps = eval_windows
+    tokens_ratio = rows * num_steps / (train_window[0] * train_window[1])
+    return 2.0 * windows * step_s * max(1.0, tokens_ratio)
