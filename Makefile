@@ -16,7 +16,7 @@ RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup data single bench bench-quick bench-tune results netstudy peer reproduce reproduce-status
+.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy peer reproduce reproduce-status
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -26,11 +26,14 @@ single: setup data
 	$(PY) lm_ptb.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) --output_dir $(call RUN_DIR,single) \
 	    $(call RESUME,single) $(ARGS)
 
-test: setup data
+test: setup data slurm
 	$(PY) -m pytest -q
 
 setup:
 	scripts/setup.sh
+
+slurm:
+	scripts/setup_slurm.sh
 
 data: setup
 	$(PY) -m data.ptb --data_path $(PTB_DATA_PATH)

@@ -28,8 +28,13 @@ COVERED = {
     "python evaluate.py export --run runs/config_small-np2 --export_dir exported/small":
         "tests/test_use.py::test_saved_model_runs_with_plain_tensorflow_and_no_repo",
     "tensorboard --logdir runs": "tests/test_use.py::test_tensorboard_serves_the_runs_scalars",
+    "sbatch launch/slurm.sbatch": "tests/test_slurm.py::"
+    "test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues",
 }
-NOT_HERE = {}  # command -> what it needs (a GPU, say); none in README's code blocks today
+NOT_HERE = {  # command -> what it needs that this machine lacks
+    "CONFIG=config_medium sbatch -N 2 --ntasks-per-node=4 --gpus-per-node=4 launch/slurm.sbatch":
+        "a Slurm cluster of 2 nodes with 4 GPUs each (the same script runs in test_slurm.py)",
+}
 
 
 def readme_commands():

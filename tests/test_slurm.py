@@ -1,0 +1,64 @@
+"""launch/slurm.sbatch under a real Slurm (one node, 2 CPUs, daemons started by the test)."""
+import os
+import sys
+import time
+
+import pytest
+
+from tests import slurm
+from tests.helpers import REPO, TINY, events
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = slurm.missing()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why + "; CI must run the Slurm test")
+        pytest.skip(why)
+    with slurm.local_slurm(str(tmp_path_factory.mktemp("slurm"))) as running:
+        yield running
+
+
+def wait_for_checkpoint_then_more(run_dir, cluster, job, epoch, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert cluster.state(job) in ("PENDING", "RUNNING"), cluster.logs()
+        if os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{epoch}.index")):
+            progress = events(run_dir, "progress")
+            if progress and progress[-1]["epoch"] > epoch:
+                return
+        time.sleep(0.3)
+    pytest.fail(f"epoch {epoch} did not finish in {timeout} s")
+
+
+def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(cluster, corpus,
+                                                                           tmp_path):
+    out = str(tmp_path / "run")
+    job_log = str(tmp_path / "job.out")
+    env = dict(cluster.env, CONFIG=TINY, PTB_DATA_PATH=corpus, OUTPUT_DIR=out,
+               PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    r = cluster.run("sbatch", "--parsable", "-n", "2", f"--output={job_log}",
+                    "launch/slurm.sbatch", "--log_every", "5", "--set", "num_epochs=3",
+                    cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+
+    wait_for_checkpoint_then_more(out, cluster, job, epoch=1)
+    assert cluster.run("scancel", "--signal=TERM", job).returncode == 0
+    assert cluster.wait(job, ("FAILED", "COMPLETED", "CANCELLED"), timeout=60) == "FAILED"
+    stopped = open(job_log).read()
+    assert "error: stopped by SIGTERM" in stopped and "Traceback" not in stopped, stopped
+    assert not [f for f in os.listdir(os.path.join(out, "checkpoints")) if "_temp" in f]
+    assert [e["epoch"] for e in events(out, "epoch")] == [1]
+
+    assert cluster.run("scontrol", "requeue", job).returncode == 0
+    # Slurm holds a requeued job for two minutes (its begin time): start it now instead
+    assert cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
+    assert cluster.wait(job, ("COMPLETED", "FAILED"), timeout=240) == "COMPLETED", \
+        open(job_log).read()
+    log = open(job_log).read()
+    assert "(restart 1), 2 tasks" in log and "--resume" in log, log
+    epochs = events(out, "epoch")
+    assert [(e["epoch"], e["world_size"]) for e in epochs] == [(1, 2), (2, 2), (3, 2)]
+    assert events(out, "test")[-1]["world_size"] == 2
