@@ -25,10 +25,11 @@ def cpu_model():
     return platform.processor()
 
 
-def main():
+def record():
+    """The environment of a results run (imports TensorFlow and Horovod for their versions)."""
     import horovod
     import tensorflow as tf
-    record = {
+    return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu_model(),
         "cores": len(os.sched_getaffinity(0)),
@@ -39,7 +40,10 @@ def main():
         "mpirun": first_line(["mpirun", "--version"]),
         "commit": first_line(["git", "rev-parse", "--short", "HEAD"]),
     }
-    json.dump(record, sys.stdout, indent=1)
+
+
+def main():
+    json.dump(record(), sys.stdout, indent=1)
     print()
 
 

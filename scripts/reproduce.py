@@ -7,8 +7,10 @@
 command, not the machine), with --resume when the run folder has a checkpoint, appending its
 output to <run>/train.log, and records the start (time, commit, CPU, command) as a segment.
 `status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
-results table reads into results/<size>-<NP>workers/ (kind "partial" until the last epoch,
+results table reads into results/<size>-<NP>workers/ (kind "running" until the last epoch,
 then "full"), ready to commit. Checkpoints stay in runs/ (about 80 MB for medium; not in git).
+`shared "what"` records in the current segment what else ran on the machine beside the run
+(its times per epoch are not those of an idle machine then), for the provenance.
 """
 import argparse
 import json
@@ -16,17 +18,17 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from scripts.record_env import cpu_model  # noqa: E402
+from scripts.record_env import record  # noqa: E402
 from utils import config  # noqa: E402
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=("start", "status"))
+    p.add_argument("action", choices=("start", "status", "shared"))
+    p.add_argument("what", nargs="?", help="shared: what ran beside the run")
     p.add_argument("--config", default="config_medium")
     p.add_argument("--np", type=int, default=2, help="Horovod workers on this host")
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
@@ -34,7 +36,7 @@ def parse_args(argv):
                    help="passed to the trainer (bounded runs in the tests)")
     p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "reproduce"))
     p.add_argument("--results_dir", default=os.path.join(REPO, "results"))
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
 def names(args):
@@ -76,10 +78,8 @@ def start(args):
     resume = os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint"))
     if resume:
         command.append("--resume")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
-    segment = {"started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit,
-               "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
+    env = record()
+    segment = {"started_utc": env.pop("date_utc"), **env,
                "epochs_done_at_start": checkpoint_epochs(run_dir),
                "command": shlex.join(command)}
     with open(os.path.join(run_dir, "segments.jsonl"), "a") as f:
@@ -140,6 +140,23 @@ def status(args):
     return 0
 
 
+def shared(args):
+    """Add `what` to the newest segment's list of what shared the machine with the run."""
+    run_dir, _ = names(args)
+    path = os.path.join(run_dir, "segments.jsonl")
+    if not args.what or not os.path.exists(path):
+        print("error: usage: reproduce.py shared --config C \"what ran beside it\" (for a run "
+              "that has started)", file=sys.stderr)
+        return 2
+    with open(path) as f:
+        segments = [json.loads(line) for line in f]
+    segments[-1].setdefault("shared", []).append(args.what)
+    with open(path + ".tmp", "w") as f:
+        f.write("".join(json.dumps(s) + "\n" for s in segments))
+    os.replace(path + ".tmp", path)
+    return 0
+
+
 def keep(run_dir, results_dir, cfg, done):
     """Copy what the results table reads, so the logs can be committed as the run goes."""
     os.makedirs(results_dir, exist_ok=True)
@@ -150,18 +167,23 @@ def keep(run_dir, results_dir, cfg, done):
     with open(os.path.join(run_dir, "segments.jsonl")) as f:
         segments = [json.loads(line) for line in f]
     first = segments[0]
-    run = {"kind": "full" if done else "partial", "command": first["command"],
-           "env": {"date_utc": first["started_utc"], "cpu": first["cpu"], "cores": first["cores"],
-                   "commit": first["commit"]},
+    run = {"kind": "full" if done else "running", "command": first["command"],
+           "env": {"date_utc": first["started_utc"],
+                   **{k: v for k, v in first.items()
+                      if k not in ("started_utc", "epochs_done_at_start", "command")}},
            "segments": segments,
            "resume": f"make reproduce CONFIG={cfg['name']}"}
+    beside = [f"{s['started_utc']} segment: {'; '.join(s['shared'])}"
+              for s in segments if s.get("shared")]
+    if beside:
+        run["note"] = "Beside the run, the machine also ran: " + " | ".join(beside)
     with open(os.path.join(results_dir, "run.json"), "w") as f:
         json.dump(run, f, indent=1)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    return start(args) if args.action == "start" else status(args)
+    return {"start": start, "status": status, "shared": shared}[args.action](args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
         runs the command with --output_dir runs/results/NAME, then keeps its metrics.jsonl, the
         command and an environment record in results/NAME/ (never the checkpoints). full: all
         the config's epochs; partial: fewer whole epochs (--set num_epochs=N); bounded: a number
-        of steps, timed only
+        of steps, timed only. `make reproduce` keeps its run as "running" until it is "full"
     python scripts/results.py build      # = make results
         rewrites the table between the results markers in README.md, results/README.md (the
         full table and every run's provenance), results/*.png and docs/network.md's table
@@ -95,7 +95,7 @@ def row_runs(runs):
     per epoch of each), the runs absent as None."""
     by = {(r["config"]["name"], r["kind"], r["workers"]): r for r in runs}
     for name in ("config_small", "config_medium", "config_large"):
-        for kind in ("full", "partial", "bounded"):
+        for kind in ("full", "running", "partial", "bounded"):
             single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
             if single or dist:
                 epochs = sum(e["event"] == "epoch" for e in (dist or single)["events"])
@@ -110,6 +110,7 @@ def table(runs):
     for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
         speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
         label = {"full": "full",
+                 "running": f"running ({epochs} of {paper_epochs(name)} epochs so far)",
                  "partial": f"partial ({epochs} of {paper_epochs(name)} epochs)",
                  "bounded": "bounded (time from the first steps)"}[kind]
         if kind == "bounded":
@@ -219,6 +220,7 @@ def compact_table(runs):
             "time/epoch, 2 / 1 | speedup | machine |", "|" + " --- |" * 8]
     for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
         label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs",
+                 "running": f"running: {epochs} of {paper_epochs(name)} so far",
                  "bounded": "timed steps"}[kind]
         ppl = (["—", "—"] if kind == "bounded" else
                [perplexities(single, dist, "epoch", "valid_ppl"),

@@ -10,8 +10,8 @@ import time
 from tests.helpers import REPO, TINY
 
 
-def reproduce(action, tmp_path, corpus):
-    args = [sys.executable, "scripts/reproduce.py", action, "--config", TINY,
+def reproduce(action, tmp_path, corpus, *more):
+    args = [sys.executable, "scripts/reproduce.py", action, *more, "--config", TINY,
             "--runs_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results")]
     if action == "start":
         args += ["--data_path", corpus, "--set", "steps_per_epoch=40", "--set", "num_epochs=3",
@@ -36,6 +36,8 @@ def test_start_stop_and_continue_with_the_same_command(corpus, tmp_path):
     wait_for(lambda: (run_dir / "checkpoints" / "ckpt-1.index").exists(), "first checkpoint")
     os.killpg(int((run_dir / "pid").read_text()), signal.SIGKILL)  # the machine is taken away
     wait_for(lambda: "stopped" in reproduce("status", tmp_path, corpus)[1], "stopped status", 30)
+    assert json.load(open(tmp_path / "results" / "tiny-2workers" / "run.json"))["kind"] == "running"
+    assert reproduce("shared", tmp_path, corpus, "a test beside it")[0] == 0
 
     rc, out = reproduce("start", tmp_path, corpus)
     assert rc == 0 and "resumed" in out, out
@@ -51,6 +53,8 @@ def test_start_stop_and_continue_with_the_same_command(corpus, tmp_path):
     assert {e["world_size"] for e in events} == {2}
     run = json.load(open(kept / "run.json"))
     assert run["kind"] == "full" and len(run["segments"]) == 2
+    assert run["note"].endswith(" segment: a test beside it"), run["note"]
+    assert run["env"]["tensorflow"] and run["env"]["horovod"] and run["env"]["python"]
     first, second = run["segments"]
     assert "--resume" not in first["command"] and second["command"].endswith("--resume")
     assert second["epochs_done_at_start"] >= 1 and second["cpu"] and second["commit"]
