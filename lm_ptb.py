@@ -42,29 +42,37 @@ def main(argv=None):
     train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                           args.seed)
     eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab)
-    start_epoch = checkpoints.start(args.resume) if is_chief else 0
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab,
+                              model.zero_state(cfg["batch_size"]))
+    position = checkpoints.start(args.resume) if is_chief else None
 
-    stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
-    unlogged = log.resume(start_epoch) if args.resume else None
-    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
-        log.epoch(start_epoch - 1, step, unlogged["lr"], unlogged,
-                  training.evaluate(eval_step, model, *valid, cfg))
-    for epoch in range(start_epoch, cfg["num_epochs"]):
-        lr = training.learning_rate(cfg, epoch, workers)
-        optimizer.learning_rate.assign(lr)
-        stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                     log_every=args.log_every, workers=workers)
-        step += stats["steps"]
+    def train(position):
+        """The epochs from `position` (a checkpoints.Position) to the last, then the test."""
+        start_epoch = position.epochs_done
+        stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+        for epoch in range(start_epoch, cfg["num_epochs"]):
+            lr = training.learning_rate(cfg, epoch, workers)
+            optimizer.learning_rate.assign(lr)
+            stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                         log_every=args.log_every, workers=workers,
+                                         resume_at=position if epoch == start_epoch else None,
+                                         save=checkpoints.save_in_epoch)
+            step += stats["steps"]
+            if is_chief:
+                checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
+                valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
+                log.epoch(epoch, step, lr, stats, valid_ppl)
         if is_chief:
-            checkpoints.save(epoch + 1)  # before validation, so that a stop there keeps the epoch
-            valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
-            log.epoch(epoch, step, lr, stats, valid_ppl)
-    if is_chief:
-        test_ppl = training.evaluate(eval_step, model, *test, cfg)
-        last = cfg["num_epochs"] - 1
-        log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
+            test_ppl = training.evaluate(eval_step, model, *test, cfg)
+            last = cfg["num_epochs"] - 1
+            log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
 
+    unlogged = log.resume(position) if args.resume else None
+    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
+        done = position.epochs_done
+        log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
+                  unlogged, training.evaluate(eval_step, model, *valid, cfg))
+    train(position)
 
 if __name__ == "__main__":
     sys.exit(cli.run_main(main))

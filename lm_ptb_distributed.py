@@ -110,6 +110,26 @@ def parameter_averaging(model, cfg):
     return after_step
 
 
+def own_rows(position):
+    """Horovod 5: a checkpoint inside an epoch holds the LSTM state of the whole global batch;
+    this rank continues its rows of it, whatever the number of ranks that saved it."""
+    if position.state is None:
+        return position
+    rows = len(position.state[0]) // hvd.size()
+    return position._replace(state=[a[hvd.rank() * rows:(hvd.rank() + 1) * rows]
+                                    for a in position.state])
+
+
+def gather_rows_and_save(checkpoints, is_chief):
+    """Horovod 5: for a checkpoint inside an epoch, every rank's rows of the LSTM state are
+    gathered (in rank order, which is row order) and rank 0 saves the global batch's."""
+    def save(epoch, done, loss_sum, state):
+        rows = [hvd.allgather(t) for t in tf.nest.flatten(state)]
+        if is_chief:
+            checkpoints.save_in_epoch(epoch, done, loss_sum, rows)
+    return save
+
+
 def average_over_ranks(value):
     """Horovod 8: train perplexity of the global batch, not of rank 0's shard."""
     return hvd.allreduce(value, op=hvd.Average)
@@ -121,7 +141,7 @@ def wait_for_chief(watchdog, stats, train_x, eval_x):
     rank that never arrives ends the job instead of hanging it."""
     extra_s = 0.0
     if hvd.rank() != 0 and stats:
-        step_s = stats["epoch_time_s"] / stats["steps"]
+        step_s = stats["epoch_time_s"] / stats["steps_run"]
         extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
     watchdog.expect("the wait for rank 0's checkpoint and evaluation", extra_s=extra_s)
     hvd.broadcast_object(None, root_rank=0, name="chief_done")
@@ -161,41 +181,52 @@ def main(argv=None):
     train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                           args.seed, hvd.rank())  # Horovod 4: own dropout masks
     eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab)
-    start_epoch = checkpoints.start(args.resume) if is_chief else 0
-    start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)  # Horovod 4: resume together
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab,
+                              model.zero_state(cfg["batch_size"]))
+    position = checkpoints.start(args.resume) if is_chief else None
+    position = hvd.broadcast_object(position, root_rank=0)  # Horovod 4: resume together
     hvd.broadcast_variables(model.variables + [optimizer.iterations], root_rank=0)  # Horovod 4
     if cfg["timeline"]:
         start_timeline(args.output_dir)  # Horovod 9
     after_step = parameter_averaging(model, cfg)  # Horovod 3: None unless reduce_type "param"
-
     watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), workers, args.output_dir)  # Horovod 10
-    stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
-    unlogged = log.resume(start_epoch) if args.resume else None
-    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
-        log.epoch(start_epoch - 1, step, unlogged["lr"], unlogged,
-                  training.evaluate(eval_step, model, *valid, cfg))
-    for epoch in range(start_epoch, cfg["num_epochs"]):
-        lr = training.learning_rate(cfg, epoch, workers)
-        optimizer.learning_rate.assign(lr)
-        stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                     log_every=args.log_every, workers=workers,
-                                     average=average_over_ranks,  # Horovod 8
-                                     after_step=after_step,  # Horovod 3
-                                     watchdog=watchdog)  # Horovod 10
-        step += stats["steps"]
-        if is_chief:
-            checkpoints.save(epoch + 1)  # before validation, so that a stop there keeps the epoch
-            valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
-            log.epoch(epoch, step, lr, stats, valid_ppl)
-        wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
-    if is_chief:
-        test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
-        last = cfg["num_epochs"] - 1
-        log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
-    wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
-    watchdog.stop()  # Horovod 10
 
+    def train(position):
+        """The epochs from `position` (a checkpoints.Position) to the last, then the test."""
+        start_epoch = position.epochs_done
+        stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+        for epoch in range(start_epoch, cfg["num_epochs"]):
+            lr = training.learning_rate(cfg, epoch, workers)
+            optimizer.learning_rate.assign(lr)
+            stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                         log_every=args.log_every, workers=workers,
+                                         average=average_over_ranks,  # Horovod 8
+                                         after_step=after_step,  # Horovod 3
+                                         watchdog=watchdog,  # Horovod 10
+                                         resume_at=own_rows(position) if epoch == start_epoch
+                                         else None,  # Horovod 5
+                                         save=gather_rows_and_save(checkpoints,
+                                                                   is_chief))  # Horovod 5
+            step += stats["steps"]
+            if is_chief:
+                checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
+                valid_ppl = training.evaluate(eval_step, model, *valid, cfg,
+                                              watchdog)  # Horovod 10
+                log.epoch(epoch, step, lr, stats, valid_ppl)
+            wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
+        if is_chief:
+            test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
+            last = cfg["num_epochs"] - 1
+            log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
+        wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
+
+    unlogged = log.resume(position) if args.resume else None
+    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
+        done = position.epochs_done
+        log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
+                  unlogged, training.evaluate(eval_step, model, *valid, cfg))
+    train(position)
+    watchdog.stop()  # Horovod 10
 
 if __name__ == "__main__":
     sys.exit(cli.run_main(main))

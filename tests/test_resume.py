@@ -1,6 +1,7 @@
 """Resume equals the uninterrupted run, dropout included, and a stop at any point of an epoch
 leaves one line per epoch: real processes, real signals, real checkpoints."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,3 +105,65 @@ def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
     reference = events(whole, "epoch")[1]
     assert rebuilt["valid_ppl"] == pytest.approx(reference["valid_ppl"], rel=1e-4)
     assert rebuilt["train_ppl"] == pytest.approx(reference["train_ppl"], rel=1e-4)
+
+
+IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=100", "--set", "num_epochs=2",
+            "--set", "eval_steps=2", "--set", "checkpoint_every=30", "--seed", "3",
+            "--log_every", "1"]
+
+
+def kill_inside_epoch_2(ranks, args, run_dir):
+    """Start the run, then SIGKILL it (mpirun and every rank: a machine taken away) once it
+    has saved a checkpoint inside epoch 2 and gone on past it."""
+    script = "lm_ptb_distributed.py" if ranks else "lm_ptb.py"
+    cmd = [sys.executable, script, *args]
+    if ranks:
+        cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+               "--oversubscribe", "-bind-to", "none", "-np", str(ranks), *cmd]
+    job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    saved = os.path.join(run_dir, "checkpoints", "steps", "ckpt-130.index")  # epoch 2, step 30
+    deadline = time.monotonic() + 150
+    try:
+        while not (os.path.exists(saved) and any(
+                e["epoch"] == 2 and e["step"] >= 35 for e in events(run_dir, "progress"))):
+            assert job.poll() is None, job.communicate()[1]
+            assert time.monotonic() < deadline, "no checkpoint inside epoch 2"
+            time.sleep(0.05)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    steps = [e["step"] for e in events(run_dir, "progress") if e["epoch"] == 2]
+    assert steps[-1] < 100, "the run ended before it was killed"
+
+
+def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(ptb_path,
+                                                                               tmp_path):
+    """With dropout: the masks come from (seed, rank, optimizer step), all restored."""
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    args = [*IN_EPOCH, "--data_path", ptb_path, "--set", "keep_prob=0.5"]
+    run(0, [*args, "--output_dir", whole])
+    kill_inside_epoch_2(0, [*args, "--output_dir", split], split)
+    run(0, [*args, "--output_dir", split, "--resume"])
+    assert len(losses(whole, 2)) == 100
+    assert [e["step"] for e in events(split, "progress") if e["epoch"] == 2] == list(range(1, 101))
+    assert losses(split, 2) == pytest.approx(losses(whole, 2), rel=1e-5)
+    assert events(split, "epoch")[-1]["train_ppl"] == pytest.approx(
+        events(whole, "epoch")[-1]["train_ppl"], rel=1e-5)
+
+
+def test_resume_inside_an_epoch_with_2_or_4_ranks_gives_the_2_rank_losses(ptb_path, tmp_path):
+    """The checkpoint holds the LSTM state of every row of the global batch, so 4 ranks go on
+    from 2 ranks' checkpoint with the same global batches (keep_prob 1: each rank draws its
+    own dropout masks, so other ranks would draw others)."""
+    whole, split, four = (str(tmp_path / name) for name in ("whole", "split", "four"))
+    args = [*IN_EPOCH, "--data_path", ptb_path]
+    run(2, [*args, "--output_dir", whole])
+    kill_inside_epoch_2(2, [*args, "--output_dir", split], split)
+    shutil.copytree(split, four)
+    run(2, [*args, "--output_dir", split, "--resume"])
+    run(4, [*args, "--output_dir", four, "--resume"])
+    for resumed in (split, four):
+        assert losses(resumed, 2) == pytest.approx(losses(whole, 2), rel=1e-5)
+    assert {e["world_size"] for e in events(four, "epoch")} == {2, 4}

@@ -1,8 +1,14 @@
-"""Checkpoints at epoch ends (model, optimizer with its step counter, epochs done), and resume."""
+"""Checkpoints at epoch ends and, with checkpoint_every, inside epochs; and resume.
+
+A checkpoint holds the model, the optimizer with its step counter (which also seeds the dropout
+masks), the epochs done and, for one saved inside an epoch, the position in it: steps done, the
+epoch's summed training loss so far and the LSTM state of every row of the global batch.
+"""
 import glob
 import os
 import shutil
 import sys
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -14,18 +20,48 @@ from utils.logs import OutputError, first_line, os_reason
 
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
+IN_EPOCH = "steps"  # subfolder of the checkpoints saved inside an epoch
+
+
+class Position(NamedTuple):
+    """Where a run resumes: after `epochs_done` epochs and `step` steps of the next one, with
+    that epoch's summed training loss so far and the LSTM state of the global batch (a list of
+    [batch_size, ...] arrays, tf.nest.flatten order; None at an epoch start)."""
+    epochs_done: int
+    step: int = 0
+    loss_sum: float = 0.0
+    state: list = None
+
+
+class _InEpoch(tf.Module):
+    def __init__(self, state_template):
+        super().__init__()
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.state = [tf.Variable(tf.zeros_like(t), trainable=False)
+                      for t in tf.nest.flatten(state_template)]
 
 
 class Checkpoints:
-    def __init__(self, output_dir, model, optimizer, vocab, keep=3):
+    def __init__(self, output_dir, model, optimizer, vocab, state_template, keep=3):
+        """state_template: the model's zero state for the global batch (its shapes)."""
         self.output_dir = output_dir
         self.vocab = vocab
         self.vocab_path = os.path.join(output_dir, VOCAB_FILE)
+        self.optimizer = optimizer
         self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.in_epoch = _InEpoch(state_template)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                              epochs_done=self.epochs_done)
+                                              epochs_done=self.epochs_done,
+                                              in_epoch=self.in_epoch)
+        # Restored apart, so that a checkpoint written before checkpoint_every existed (without
+        # in_epoch) still loads, and must match in everything else.
+        self._core = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                         epochs_done=self.epochs_done)
         self.folder = os.path.join(output_dir, "checkpoints")
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder, max_to_keep=keep)
+        self.in_epoch_manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(self.folder, IN_EPOCH), max_to_keep=2)
 
     def start(self, resume):
         """Epochs already done: restored with --resume; else 0, refusing to mix with a past run."""
@@ -41,43 +77,73 @@ class Checkpoints:
             raise ConfigError(f"--output_dir {self.output_dir} holds an earlier run "
                               f"({', '.join(os.path.basename(p) for p in earlier)}); pass --resume "
                               "to continue it, or choose another --output_dir")
-        return 0
+        return Position(0)
 
     def save(self, epochs_done):
-        """Write a checkpoint. TensorFlow writes the files first and moves the `checkpoint`
-        pointer last, and signals wait until it is done, so the latest one is always whole."""
+        """The checkpoint of an epoch end, numbered by the epochs done."""
+        self.epochs_done.assign(epochs_done)
+        self.in_epoch.step.assign(0)
+        return self._write(self.manager, epochs_done, f"checkpoint {epochs_done}")
+
+    def save_in_epoch(self, epochs_done, step, loss_sum, state):
+        """A checkpoint `step` steps into the epoch after `epochs_done`, numbered by the
+        optimizer's step; state: the LSTM state of the global batch (any nesting)."""
+        self.epochs_done.assign(epochs_done)
+        self.in_epoch.step.assign(step)
+        self.in_epoch.loss_sum.assign(loss_sum)
+        for variable, value in zip(self.in_epoch.state, tf.nest.flatten(state)):
+            variable.assign(value)
+        number = int(self.optimizer.iterations.numpy())
+        return self._write(self.in_epoch_manager, number,
+                           f"checkpoint of epoch {epochs_done + 1} step {step}")
+
+    def _write(self, manager, number, what):
+        """TensorFlow writes the files first and moves the `checkpoint` pointer last, and
+        signals wait until it is done, so the latest one is always whole."""
         with signals_deferred():
             self._remove_partial()
             try:
                 if not os.path.exists(self.vocab_path):
                     ptb.write_vocab(self.vocab_path, self.vocab)
-                self.epochs_done.assign(epochs_done)
-                return self.manager.save(checkpoint_number=epochs_done)
+                return manager.save(checkpoint_number=number)
             except (OSError, tf.errors.OpError) as e:  # no space, quota, I/O error, read-only
                 self._remove_partial()
                 kept = self.manager.latest_checkpoint
                 kept = (f"the newest complete checkpoint, {kept}, is kept" if kept else
                         "no earlier checkpoint exists")
-                raise OutputError(f"cannot write checkpoint {epochs_done} in {self.folder} "
+                raise OutputError(f"cannot write {what} in {self.folder} "
                                   f"({os_reason(e)}); {kept}; free space (or make the folder "
                                   "writable), then rerun with --resume") from None
 
     def _remove_partial(self):
         """Drop temp files of a save that a SIGKILL interrupted (never the pointer's target)."""
-        for path in glob.glob(os.path.join(self.folder, "*_temp*")):
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        for folder in (self.folder, os.path.join(self.folder, IN_EPOCH)):
+            for path in glob.glob(os.path.join(folder, "*_temp*")):
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+    def _candidates(self):
+        """Checkpoints newest first: those inside the epoch after the newest epoch end, then
+        the epoch ends. One inside an epoch is newer when its epochs done are at least those of
+        the newest epoch end (a crash between an epoch end and the next save leaves older ones)."""
+        ends = list(reversed(self.manager.checkpoints))
+        newest_end = (epochs_in(ends[0]) if ends else None) or 0
+        inside = [p for p in reversed(self.in_epoch_manager.checkpoints)
+                  if (epochs_in(p) or 0) >= newest_end]
+        return inside + ends
 
     def restore_latest(self):
-        """Restore the newest checkpoint that loads; returns the number of epochs it had
-        finished. A damaged one (a truncated file, say) is named in a warning and skipped for
-        the one before it; one saved for another model size stops with the config to use."""
-        if self.manager.latest_checkpoint is None:
+        """Restore the newest checkpoint that loads; returns its Position. A damaged one (a
+        truncated file, say) is named in a warning and skipped for the one before it; one saved
+        for another model size stops with the config to use."""
+        candidates = self._candidates()
+        if not candidates:
             raise ConfigError(f"--resume: no checkpoint in {self.folder}; drop --resume to start "
                               "afresh or point --output_dir at the run to continue")
         damaged = []
-        for path in reversed(self.manager.checkpoints):  # newest first
+        for path in candidates:  # newest first
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
+                self._core.restore(path).assert_existing_objects_matched()
+                tf.train.Checkpoint(in_epoch=self.in_epoch).restore(path).expect_partial()
             except (ValueError, AssertionError) as e:
                 # The half-matched checkpoint object would warn about every unrestored value.
                 tf.get_logger().setLevel("ERROR")
@@ -90,8 +156,25 @@ class Checkpoints:
             for bad, why in damaged:
                 print(f"warning: checkpoint {bad} is damaged ({why}); resuming from {path}",
                       file=sys.stderr, flush=True)
-            return int(self.epochs_done.numpy())
+            return self.position(path)
         raise ConfigError(f"--resume: no checkpoint in {self.folder} loads (damaged: "
                           f"{', '.join(os.path.basename(p) for p, _ in damaged)}); start afresh "
                           "in another --output_dir or "
                           "restore the files from a backup")
+
+    def position(self, path):
+        epochs = int(self.epochs_done.numpy())
+        if os.path.dirname(path) != os.path.join(self.folder, IN_EPOCH):
+            return Position(epochs)
+        return Position(epochs, int(self.in_epoch.step.numpy()),
+                        float(self.in_epoch.loss_sum.numpy()),
+                        [v.numpy() for v in self.in_epoch.state])
+
+
+def epochs_in(path):
+    """The epochs done recorded in a checkpoint, None if it cannot be read."""
+    try:
+        return int(tf.train.load_checkpoint(path).get_tensor(
+            "epochs_done/.ATTRIBUTES/VARIABLE_VALUE"))
+    except (tf.errors.OpError, ValueError):
+        return None

@@ -38,6 +38,7 @@ SCHEMA = {
     "backward_passes_per_step": ((int,), False),
     "model": ((str,), False),
     "step_timeout_s": ((float, int), False),
+    "checkpoint_every": ((int,), True),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 # Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication",
@@ -49,12 +50,16 @@ DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False
             "model": "utils.model:build_model",  # "module:function" that builds the model
             # A rank ends the job when a step has not finished after this long (a peer stopped
             # or hung); 10 minutes, as NCCL's default in PyTorch: far above any step here.
-            "step_timeout_s": 600}
+            "step_timeout_s": 600,
+            # Also save a checkpoint every N training steps inside an epoch (None: at epoch
+            # ends only); a resume from one continues exactly where it was.
+            "checkpoint_every": None}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
             "valid_batch_size", "valid_num_steps",
-            "param_sync_steps", "backward_passes_per_step", "step_timeout_s"}
+            "param_sync_steps", "backward_passes_per_step", "step_timeout_s",
+            "checkpoint_every"}
 CHOICES = {"reduce_type": ("grad", "param")}
 
 

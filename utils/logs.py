@@ -144,17 +144,20 @@ class RunLog:
                               f"({os_reason(e)}); metrics.jsonl and the checkpoints are kept; "
                               "free space, then rerun with --resume") from None
 
-    def resume(self, epochs_done):
-        """--resume from the checkpoint of `epochs_done` epochs: drop the events of later epochs
-        (the interrupted epoch's progress) and the test result, which the resumed run writes
+    def resume(self, position):
+        """--resume from a checkpoints.Position: drop the events after it (the interrupted
+        epoch's progress past the checkpoint) and the test result, which the resumed run writes
         again, so that every epoch has one line. The checkpoint is saved before validation, so
         a stop during validation leaves that epoch without its line: then its stats, rebuilt
         from its last progress event, are returned for the line to be written; else None."""
+        epochs_done, step = position.epochs_done, position.step
         if not self.enabled or not os.path.exists(self.path):
             return None
         with open(self.path) as f:
             events = [e for e in map(parse_line, f) if e]
-        kept = [e for e in events if e["event"] != "test" and e["epoch"] <= epochs_done]
+        kept = [e for e in events if e["event"] != "test" and (
+            e["epoch"] <= epochs_done or
+            e["epoch"] == epochs_done + 1 and e["event"] == "progress" and e["step"] <= step)]
         try:
             with open(self.path + ".tmp", "w") as f:
                 f.writelines(json.dumps(e) + "\n" for e in kept)
@@ -163,7 +166,7 @@ class RunLog:
             raise OutputError(f"cannot rewrite {self.path} for the resume ({os_reason(e)}); it "
                               "is unchanged; free space, then rerun with --resume") from None
         mine = [e for e in kept if e["epoch"] == epochs_done]
-        if not mine or any(e["event"] == "epoch" for e in mine):
+        if step or not mine or any(e["event"] == "epoch" for e in mine):
             return None
         last = mine[-1]
         words_per_step = self.config["batch_size"] * self.config["num_steps"]
@@ -191,12 +194,15 @@ class RunLog:
             base = self.baseline.get(epoch + 1, statistics.median(self.baseline.values()))
             timing += f" (single-process {base:.1f} s, speedup {base / t:.2f}×)"
         share = stats["compute_share"]  # None for an epoch whose line a resume writes
+        sizes = stats.get("world_sizes")  # lm_ptb_elastic.py: the worker counts it ran at
         self._write(f"epoch {epoch + 1}/{self.num_epochs} done | lr {lr:.4g} | "
                     f"train ppl {stats['train_ppl']:.2f} | valid ppl {valid_ppl:.2f} | {timing} | "
-                    f"{stats['wps']:.0f} wps" + (f" | computing {100 * share:.0f}%" if share else ""),
+                    f"{stats['wps']:.0f} wps" + (f" | computing {100 * share:.0f}%" if share else "")
+                    + (f" | workers {' then '.join(map(str, sizes))}" if sizes else ""),
                     event="epoch", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats["train_ppl"], wps=stats["wps"], valid_ppl=valid_ppl,
-                    epoch_time_s=t, compute_share=stats["compute_share"], peak_rss_mb=peak_rss_mb())
+                    epoch_time_s=t, compute_share=stats["compute_share"], peak_rss_mb=peak_rss_mb(),
+                    **({"world_sizes": list(sizes)} if sizes else {}))
         self._scalars(step, {"valid/perplexity": valid_ppl,
                              "epoch/train_perplexity": stats["train_ppl"],
                              "epoch/time_s": t, "epoch/words_per_sec": stats["wps"]})

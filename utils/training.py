@@ -141,23 +141,31 @@ def epoch_steps(cfg, num_windows):
 
 
 def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_every=0, workers=1,
-                after_step=None, watchdog=None):
-    """One pass over the windows x, y ([steps, batch, num_steps]); the LSTM state starts at zero.
+                after_step=None, watchdog=None, resume_at=None, save=None):
+    """One pass over the windows x, y ([steps, batch, num_steps]); the LSTM state starts at zero,
+    or, with `resume_at` (a checkpoints.Position inside this epoch, its state this process's
+    rows), where that checkpoint left it.
 
     `average` turns a local scalar into the mean over workers (None in one process), so the
     perplexity logged is that of the global batch. It is called at the same steps on every
     worker, since all of them run the same number of steps. `after_step(done, steps)`, if
     given, runs after each step (parameter averaging, for one). A `watchdog` (utils.watchdog)
-    is told of each step, so that a step that never finishes ends the process.
+    is told of each step, so that a step that never finishes ends the process. With
+    cfg["checkpoint_every"], `save(epoch, done, loss_sum, state)` is called every that many
+    steps (not at the epoch's end, which has its own checkpoint), on every worker.
     """
     steps = epoch_steps(cfg, len(x))
     words_per_step = cfg["batch_size"] * cfg["num_steps"]  # the global batch
     log_every = log_every or max(1, steps // 10)
-    state = model.zero_state(x.shape[1])
+    save_every = cfg["checkpoint_every"] if save else None
+    first, loss_sum, state = 0, 0.0, model.zero_state(x.shape[1])
+    if resume_at is not None and resume_at.step:
+        first, loss_sum = resume_at.step, resume_at.loss_sum
+        state = tf.nest.pack_sequence_as(state, [tf.constant(a) for a in resume_at.state])
     x, y = tf.constant(x), tf.constant(y)
-    loss_sum, pending, since, compute_s = 0.0, tf.constant(0.0), 0, 0.0
+    pending, since, compute_s = tf.constant(0.0), 0, 0.0
     start = time.perf_counter()
-    for step in range(steps):
+    for step in range(first, steps):
         t0 = time.perf_counter()
         if watchdog:
             watchdog.expect("a training step")
@@ -168,26 +176,33 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
         pending += loss
         since += 1
         compute_s += time.perf_counter() - t0
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            # One host read per log line, not per step.
-            with signals_deferred():
-                window_loss = float(average(pending) if average else pending)
-            if not math.isfinite(window_loss):
-                raise TrainingError(f"loss became {window_loss} in epoch {epoch + 1} between steps "
-                                    f"{step + 2 - since} and {step + 1}; the last checkpoint is "
-                                    "kept; lower learning_rate or max_grad_norm with --set")
-            loss_sum += window_loss
-            recent = window_loss / (since * cfg["num_steps"])
-            pending, since = tf.constant(0.0), 0
-            train_ppl = perplexity(loss_sum, (step + 1) * cfg["num_steps"])
-            elapsed = time.perf_counter() - start
-            wps = (step + 1) * words_per_step / elapsed
+        logs_now = (step + 1) % log_every == 0 or step + 1 == steps
+        saves_now = save_every and (step + 1) % save_every == 0 and step + 1 < steps
+        if not (logs_now or saves_now):
+            continue
+        # One host read per log line or checkpoint, not per step.
+        with signals_deferred():
+            window_loss = float(average(pending) if average else pending)
+        if not math.isfinite(window_loss):
+            raise TrainingError(f"loss became {window_loss} in epoch {epoch + 1} between steps "
+                                f"{step + 2 - since} and {step + 1}; the last checkpoint is "
+                                "kept; lower learning_rate or max_grad_norm with --set")
+        loss_sum += window_loss
+        recent = window_loss / (since * cfg["num_steps"])
+        pending, since = tf.constant(0.0), 0
+        train_ppl = perplexity(loss_sum, (step + 1) * cfg["num_steps"])
+        elapsed = time.perf_counter() - start
+        wps = (step + 1 - first) * words_per_step / elapsed
+        if logs_now:
             steps_left = steps - step - 1 + steps * (cfg["num_epochs"] - epoch - 1)
-            log.progress(epoch, step + 1, steps, learning_rate(cfg, epoch, workers), train_ppl, wps,
-                         eta_s=steps_left * elapsed / (step + 1), loss=recent)
+            log.progress(epoch, step + 1, steps, learning_rate(cfg, epoch, workers), train_ppl,
+                         wps, eta_s=steps_left * elapsed / (step + 1 - first), loss=recent)
+        if saves_now:
+            save(epoch, step + 1, loss_sum, state)
     elapsed = time.perf_counter() - start
-    return {"train_ppl": train_ppl, "epoch_time_s": elapsed, "wps": steps * words_per_step / elapsed,
-            "compute_share": compute_s / elapsed, "steps": steps}
+    done = steps - first  # fewer than an epoch's steps when it was resumed inside the epoch
+    return {"train_ppl": train_ppl, "epoch_time_s": elapsed, "wps": done * words_per_step / elapsed,
+            "compute_share": compute_s / elapsed, "steps": steps, "steps_run": done}
 
 
 def eval_windows(corpus, cfg):

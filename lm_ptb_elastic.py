@@ -1,0 +1,241 @@
+"""Train the PTB word-level LSTM language model with Horovod elastic: workers may be lost or
+added while it trains, and it goes on with those that are left.
+
+This is lm_ptb_distributed.py plus Horovod elastic: `diff lm_ptb_distributed.py
+lm_ptb_elastic.py` shows only the elastic lines, tagged `# Elastic N:` after the steps in
+README.md. `batch_size` stays the global batch, split anew among the workers after each change.
+
+    horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh \
+        python lm_ptb_elastic.py --config config_small
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from data import ptb
+from utils import cli, config, logs
+from utils.checkpoints import Checkpoints, Position
+from utils.model import build
+from utils import training
+from utils.watchdog import Watchdog, chief_work_allowance
+
+
+def set_horovod_env(cfg):
+    """Horovod 2 and 9: settings read once, by hvd.init().
+
+    On CPU hosts the ranks share the cores, so a rank waiting in MPI must yield its core rather
+    than spin on it (spinning cost a third of the 2-rank throughput here); mpirun sets this
+    variable itself (0 unless oversubscribed), so it is overwritten. A timeline started at run
+    time needs HOROVOD_TIMELINE=DYNAMIC."""
+    if not tf.config.list_physical_devices("GPU"):
+        os.environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if cfg["timeline"]:
+        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+
+
+def pin_to_local_rank(threads):
+    """Horovod 2: one GPU per local rank; on CPU hosts, the cores split among local ranks."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    training.set_threads(threads or max(1, training.available_cores() // hvd.local_size()))
+
+
+def check_ranks_agree(cfg, corpus, log_every):
+    """Horovod 7: a --set given on one host only, or another copy of the data on one host, would
+    silently train different models (or hang where the step counts differ)."""
+    mine = {"config": config.config_hash(cfg), "data": ptb.digest(corpus), "log_every": log_every}
+    ranks = hvd.allgather_object(mine)
+    fixes = {"config": "give every rank the same --config and --set",
+             "data": "give every rank the same PTB files (python -m data.ptb --data_path DIR "
+                     "md5-checks them)",
+             "log_every": "give every rank the same --log_every"}
+    for key, fix in fixes.items():
+        if len({r[key] for r in ranks}) > 1:
+            raise config.ConfigError(f"ranks started with different {key} (per rank: "
+                                     f"{', '.join(str(r[key]) for r in ranks)}); {fix}")
+
+
+def start_timeline(output_dir):
+    """Horovod 9: record what each collective waited for; rank 0 writes the file."""
+    if hvd.rank() == 0:
+        os.makedirs(output_dir, exist_ok=True)
+    hvd.start_timeline(os.path.join(output_dir, "timeline.json"))
+
+
+def parameter_averaging(model, cfg):
+    """Horovod 3, reduce_type "param": each rank steps on its own shard, and the weights are
+    averaged every param_sync_steps steps and at each epoch end (less communication, somewhat
+    different convergence). None in the default "grad" mode."""
+    if cfg["reduce_type"] != "param":
+        return None
+    weights = model.trainable_variables
+
+    @tf.function
+    def average_weights():
+        for w, mean in zip(weights, hvd.grouped_allreduce(weights, op=hvd.Average)):
+            w.assign(mean)
+
+    def after_step(done, steps):
+        if done % cfg["param_sync_steps"] == 0 or done == steps:
+            average_weights()
+    return after_step
+
+
+def own_rows(position):
+    """Horovod 5: a checkpoint inside an epoch holds the LSTM state of the whole global batch;
+    this rank continues its rows of it, whatever the number of ranks that saved it."""
+    if position.state is None:
+        return position
+    rows = len(position.state[0]) // hvd.size()
+    return position._replace(state=[a[hvd.rank() * rows:(hvd.rank() + 1) * rows]
+                                    for a in position.state])
+
+
+def average_over_ranks(value):
+    """Horovod 8: train perplexity of the global batch, not of rank 0's shard."""
+    return hvd.allreduce(value, op=hvd.Average)
+
+
+def wait_for_chief(watchdog, stats, train_x, eval_x):
+    """Horovod 10: the other ranks wait here while rank 0 saves and evaluates alone, allowing
+    for that work beyond step_timeout_s (rank 0's watchdog times each of its own steps); then a
+    rank that never arrives ends the job instead of hanging it."""
+    extra_s = 0.0
+    if hvd.rank() != 0 and stats:
+        step_s = stats["epoch_time_s"] / stats["steps_run"]
+        extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
+    watchdog.expect("the wait for rank 0's checkpoint and evaluation", extra_s=extra_s)
+    hvd.broadcast_object(None, root_rank=0, name="chief_done")
+
+
+COMMIT_EVERY = 100  # Elastic 5: steps between commits when checkpoint_every is not set
+
+
+def refuse_indivisible(cfg, workers):
+    """Elastic 4: after a reset the global batch must still split evenly among the workers."""
+    try:
+        ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
+    except ptb.DataError as e:
+        raise config.ConfigError(f"the job now has {workers} workers: {e}; for elastic runs give "
+                                 "horovodrun --min-np/--max-np and host slots whose every count "
+                                 "in between divides batch_size") from None
+
+
+def commit_in_epoch(state, checkpoints, is_chief):
+    """Elastic 5: a commit inside an epoch keeps the position and every row's LSTM state in
+    memory (a lost worker sends the others back to it) and on disk."""
+    def commit(epoch, done, loss_sum, lstm_state):
+        rows = [hvd.allgather(t).numpy() for t in tf.nest.flatten(lstm_state)]
+        state.position = Position(epoch, done, loss_sum, rows)
+        if is_chief:
+            checkpoints.save_in_epoch(epoch, done, loss_sum, rows)
+        state.commit()  # raises HostsUpdatedInterrupt on every worker when hosts changed
+    return commit
+
+
+def main(argv=None):
+    args = config.parse_args(argv, __doc__)
+    cfg = config.load_config(args.config, args.set)
+    set_horovod_env(cfg)  # Horovod 2, 9
+    hvd.init()  # Horovod 1: start the ranks' background communication
+    pin_to_local_rank(args.threads)  # Horovod 2
+    is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
+    cli.report_stops(is_chief)  # Horovod 8
+    workers = hvd.size()  # Horovod 5: batch_size is split among them
+    # Horovod 5: every rank checks the split before any collective, so none waits for one that quit
+    ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
+    log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
+                      baseline=args.baseline)
+    training.seed_everything(args.seed)
+
+    # Elastic 2: no collective before hvd.elastic.run, where a worker that joins later would
+    # wait for ever: each worker checks its own data (a shared folder, or a copy on each host)
+    ptb.ensure_data(args.data_path)
+    corpus = ptb.load_corpus(args.data_path)
+    global_x, global_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
+    train_x = global_x  # Elastic 4: split in train(), for the workers of the moment
+    valid, test = training.eval_windows(corpus, cfg)
+    log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
+             f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
+
+    model = build(cfg, len(corpus.vocab))
+    optimizer = training.make_optimizer(cfg)
+    if cfg["reduce_type"] == "grad":  # Horovod 3: average gradients, then clip
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, sparse_as_dense=cfg["sparse_as_dense"],
+            compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
+    eval_step = training.make_eval_step(model)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab,
+                              model.zero_state(cfg["batch_size"]))
+    position = checkpoints.start(args.resume) if is_chief else Position(0)
+    optimizer.iterations  # Elastic 1: created now, so that the state below holds it
+    # Elastic 1: what a reset restores (the last commit) and hands to new workers (rank 0's)
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, position=position, sizes=())
+    cfg["checkpoint_every"] = cfg["checkpoint_every"] or COMMIT_EVERY  # Elastic 5
+    if cfg["timeline"]:
+        start_timeline(args.output_dir)  # Horovod 9
+    watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), workers, args.output_dir)  # Horovod 10
+
+    @hvd.elastic.run  # Elastic 3: after a lost or an added worker, again from the last commit
+    def train(state):
+        """The epochs from the last commit to the last, then the test."""
+        position, workers, is_chief = state.position, hvd.size(), hvd.rank() == 0  # Elastic 4
+        refuse_indivisible(cfg, workers)  # Elastic 4
+        check_ranks_agree(cfg, corpus, args.log_every)  # Elastic 2: Horovod 7 after each change
+        train_x = ptb.shard(global_x, hvd.rank(), workers)  # Elastic 4: this worker's rows
+        train_y = ptb.shard(global_y, hvd.rank(), workers)  # Elastic 4
+        train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
+                                              args.seed, hvd.rank())  # Elastic 4: own masks
+        after_step = parameter_averaging(model, cfg)  # Elastic 4
+        log.enabled, log.world_size = is_chief, workers  # Elastic 4
+        cli.report_stops(is_chief)  # Elastic 4
+        watchdog.where = f"rank {hvd.rank()} of {workers}"  # Elastic 4
+        start_epoch = position.epochs_done
+        stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+        for epoch in range(start_epoch, cfg["num_epochs"]):
+            lr = training.learning_rate(cfg, epoch, workers)
+            optimizer.learning_rate.assign(lr)
+            state.sizes += (workers,) if state.sizes[-1:] != (workers,) else ()  # Elastic 6
+            stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                         log_every=args.log_every, workers=workers,
+                                         average=average_over_ranks,  # Horovod 8
+                                         after_step=after_step,  # Horovod 3
+                                         watchdog=watchdog,  # Horovod 10
+                                         resume_at=own_rows(position) if epoch == start_epoch
+                                         else None,  # Horovod 5
+                                         save=commit_in_epoch(state, checkpoints,
+                                                              is_chief))  # Elastic 5
+            step += stats["steps"]
+            stats["world_sizes"], state.sizes = state.sizes, ()  # Elastic 6
+            state.position = Position(epoch + 1)  # Elastic 5: what a reset from now restores
+            state.save()  # Elastic 5
+            if is_chief:
+                checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
+                valid_ppl = training.evaluate(eval_step, model, *valid, cfg,
+                                              watchdog)  # Horovod 10
+                log.epoch(epoch, step, lr, stats, valid_ppl)
+            wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
+            state.check_host_updates()  # Elastic 5: the commit's other half, a collective
+        if is_chief:
+            test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
+            last = cfg["num_epochs"] - 1
+            log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
+        wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
+
+    unlogged = log.resume(position) if args.resume else None
+    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
+        done = position.epochs_done
+        log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
+                  unlogged, training.evaluate(eval_step, model, *valid, cfg))
+    train(state)  # Elastic 3
+    watchdog.stop()  # Horovod 10
+
+if __name__ == "__main__":
+    sys.exit(cli.run_main(main))

@@ -1,0 +1,126 @@
+"""lm_ptb_elastic.py under a real Horovod elastic driver (horovodrun), with two "hosts" on this
+machine: the driver treats localhost and 127.0.0.1 as two hosts, as Horovod's own elastic tests
+do. Workers are lost to SIGKILL, and the discovery script lists the hosts from a file."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import helpers
+from tests.helpers import REPO, TINY, mpirun
+
+ARGS = ["--config", TINY, "--set", "steps_per_epoch=120", "--set", "num_epochs=3",
+        "--set", "eval_steps=20", "--set", "checkpoint_every=20", "--log_every", "20"]
+
+
+def horovodrun(hosts_file, args, cooldown=None):
+    bin_dir = os.path.dirname(sys.executable)
+    cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
+           *(["--blacklist-cooldown-range", *map(str, cooldown)] if cooldown else []),
+           sys.executable, "lm_ptb_elastic.py", *args]
+    env = dict(os.environ, ELASTIC_HOSTS=str(hosts_file), PYTHONUNBUFFERED="1",
+               PATH=bin_dir + os.pathsep + os.environ["PATH"])
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def worker_pid(host):
+    """The pid of the training worker that the driver started for `host`."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError):
+            continue
+        if (b"lm_ptb_elastic.py" in cmdline and b"HOROVOD_RANK" in env
+                and env.get(b"HOROVOD_HOSTNAME") == host.encode()):
+            return int(pid)
+    return None
+
+
+def wait_for(condition, what, job, timeout=150):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert job.poll() is None, f"the job ended before {what}: {job.communicate()[0][-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+
+
+def events(run_dir, kind):
+    """helpers.events, or none while the run has not written its log yet."""
+    if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+        return []
+    return helpers.events(run_dir, kind)
+
+
+def progress_at(run_dir, epoch, step):
+    return lambda: any(e["epoch"] == epoch and e["step"] >= step
+                       for e in events(run_dir, "progress"))
+
+
+def finish(job, timeout=300):
+    try:
+        out, _ = job.communicate(timeout=timeout)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    return job.returncode, out
+
+
+@pytest.fixture
+def two_hosts(tmp_path):
+    path = tmp_path / "hosts.txt"
+    path.write_text("localhost:1\n127.0.0.1:1\n")
+    return path
+
+
+def test_lost_worker_shrink_grow_last_worker_lost_and_resume(ptb_path, two_hosts, tmp_path):
+    out = str(tmp_path / "run")
+    args = [*ARGS, "--data_path", ptb_path, "--output_dir", out]
+    job = horovodrun(two_hosts, args, cooldown=(3, 6))  # a failed host may come back after it
+    try:
+        wait_for(progress_at(out, 1, 60), "progress in epoch 1", job)
+        killed_at = time.time()
+        os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)
+        # the survivor goes on alone from its last commit, then the host is let back in
+        wait_for(lambda: any(e["world_size"] == 1 for e in events(out, "progress")),
+                 "progress at world size 1", job, timeout=60)
+        alone = min(e["time"] for e in events(out, "progress") if e["world_size"] == 1)
+        assert alone - killed_at < 60
+        wait_for(lambda: any(e["world_size"] == 2 and e["time"] > alone
+                             for e in events(out, "progress")), "growing back to 2", job)
+        wait_for(progress_at(out, 2, 60), "progress in epoch 2", job)
+        os.kill(worker_pid("localhost"), signal.SIGKILL)  # then the host with rank 0 is lost
+        os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)  # and the last worker with it
+        rc, output = finish(job, timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert rc != 0, output[-3000:]
+    assert "Horovod detected that one or more processes exited with non-zero status" in output
+    epochs = events(out, "epoch")
+    assert epochs[0]["world_sizes"][:2] == [2, 1], epochs
+    sizes = [n for e in epochs for n in e["world_sizes"]]
+    assert sizes[sizes.index(1):].count(2) >= 1, sizes  # grew back after shrinking
+
+    job = horovodrun(two_hosts, [*args, "--resume"])  # the elastic run's checkpoints
+    rc, output = finish(job)
+    assert rc == 0, output[-3000:]
+    epochs = events(out, "epoch")
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and all(e["world_sizes"] for e in epochs)
+    steps = [e["step"] for e in events(out, "progress") if e["epoch"] == 2]
+    assert steps == sorted(set(steps)), steps  # the resumed epoch continues its own lines
+
+    # the same length uninterrupted, with lm_ptb_distributed.py: the same global batches
+    reference = str(tmp_path / "reference")
+    r = mpirun((2, [*ARGS, "--data_path", ptb_path, "--output_dir", reference]))
+    assert r.returncode == 0, r.stderr
+    assert epochs[-1]["valid_ppl"] == pytest.approx(events(reference, "epoch")[-1]["valid_ppl"],
+                                                    rel=0.02)
