@@ -124,3 +124,17 @@ def test_lost_worker_shrink_grow_last_worker_lost_and_resume(ptb_path, two_hosts
     assert r.returncode == 0, r.stderr
     assert epochs[-1]["valid_ppl"] == pytest.approx(events(reference, "epoch")[-1]["valid_ppl"],
                                                     rel=0.02)
+
+
+def test_a_worker_count_that_does_not_divide_the_batch_is_refused_in_one_line():
+    import lm_ptb_elastic
+    from utils.config import ConfigError
+    cfg = {"batch_size": 20, "backward_passes_per_step": 1}
+    for workers in (1, 2, 4, 5, 10, 20):
+        lm_ptb_elastic.refuse_indivisible(cfg, workers)
+    with pytest.raises(ConfigError) as e:
+        lm_ptb_elastic.refuse_indivisible(cfg, 3)
+    assert str(e.value).startswith("the job now has 3 workers: batch_size=20 is not divisible "
+                                   "by 3 workers"), e.value
+    with pytest.raises(ConfigError, match="do not split into backward_passes_per_step=4"):
+        lm_ptb_elastic.refuse_indivisible(dict(cfg, backward_passes_per_step=4), 2)

@@ -28,6 +28,9 @@ COVERED = {
     "python evaluate.py export --run runs/config_small-np2 --export_dir exported/small":
         "tests/test_use.py::test_saved_model_runs_with_plain_tensorflow_and_no_repo",
     "tensorboard --logdir runs": "tests/test_use.py::test_tensorboard_serves_the_runs_scalars",
+    "horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh "
+    "python lm_ptb_elastic.py --config config_small":
+        "tests/test_elastic.py::test_lost_worker_shrink_grow_last_worker_lost_and_resume",
     "sbatch launch/slurm.sbatch": "tests/test_slurm.py::"
     "test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues",
 }
