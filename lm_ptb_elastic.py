@@ -21,98 +21,10 @@ from utils import cli, config, logs
 from utils.checkpoints import Checkpoints, Position
 from utils.model import build
 from utils import training
-from utils.watchdog import Watchdog, chief_work_allowance
-
-
-def set_horovod_env(cfg):
-    """Horovod 2 and 9: settings read once, by hvd.init().
-
-    On CPU hosts the ranks share the cores, so a rank waiting in MPI must yield its core rather
-    than spin on it (spinning cost a third of the 2-rank throughput here); mpirun sets this
-    variable itself (0 unless oversubscribed), so it is overwritten. A timeline started at run
-    time needs HOROVOD_TIMELINE=DYNAMIC."""
-    if not tf.config.list_physical_devices("GPU"):
-        os.environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
-    if cfg["timeline"]:
-        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
-
-
-def pin_to_local_rank(threads):
-    """Horovod 2: one GPU per local rank; on CPU hosts, the cores split among local ranks."""
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    training.set_threads(threads or max(1, training.available_cores() // hvd.local_size()))
-
-
-def check_ranks_agree(cfg, corpus, log_every):
-    """Horovod 7: a --set given on one host only, or another copy of the data on one host, would
-    silently train different models (or hang where the step counts differ)."""
-    mine = {"config": config.config_hash(cfg), "data": ptb.digest(corpus), "log_every": log_every}
-    ranks = hvd.allgather_object(mine)
-    fixes = {"config": "give every rank the same --config and --set",
-             "data": "give every rank the same PTB files (python -m data.ptb --data_path DIR "
-                     "md5-checks them)",
-             "log_every": "give every rank the same --log_every"}
-    for key, fix in fixes.items():
-        if len({r[key] for r in ranks}) > 1:
-            raise config.ConfigError(f"ranks started with different {key} (per rank: "
-                                     f"{', '.join(str(r[key]) for r in ranks)}); {fix}")
-
-
-def start_timeline(output_dir):
-    """Horovod 9: record what each collective waited for; rank 0 writes the file."""
-    if hvd.rank() == 0:
-        os.makedirs(output_dir, exist_ok=True)
-    hvd.start_timeline(os.path.join(output_dir, "timeline.json"))
-
-
-def parameter_averaging(model, cfg):
-    """Horovod 3, reduce_type "param": each rank steps on its own shard, and the weights are
-    averaged every param_sync_steps steps and at each epoch end (less communication, somewhat
-    different convergence). None in the default "grad" mode."""
-    if cfg["reduce_type"] != "param":
-        return None
-    weights = model.trainable_variables
-
-    @tf.function
-    def average_weights():
-        for w, mean in zip(weights, hvd.grouped_allreduce(weights, op=hvd.Average)):
-            w.assign(mean)
-
-    def after_step(done, steps):
-        if done % cfg["param_sync_steps"] == 0 or done == steps:
-            average_weights()
-    return after_step
-
-
-def own_rows(position):
-    """Horovod 5: a checkpoint inside an epoch holds the LSTM state of the whole global batch;
-    this rank continues its rows of it, whatever the number of ranks that saved it."""
-    if position.state is None:
-        return position
-    rows = len(position.state[0]) // hvd.size()
-    return position._replace(state=[a[hvd.rank() * rows:(hvd.rank() + 1) * rows]
-                                    for a in position.state])
-
-
-def average_over_ranks(value):
-    """Horovod 8: train perplexity of the global batch, not of rank 0's shard."""
-    return hvd.allreduce(value, op=hvd.Average)
-
-
-def wait_for_chief(watchdog, stats, train_x, eval_x):
-    """Horovod 10: the other ranks wait here while rank 0 saves and evaluates alone, allowing
-    for that work beyond step_timeout_s (rank 0's watchdog times each of its own steps); then a
-    rank that never arrives ends the job instead of hanging it."""
-    extra_s = 0.0
-    if hvd.rank() != 0 and stats:
-        step_s = stats["epoch_time_s"] / stats["steps_run"]
-        extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
-    watchdog.expect("the wait for rank 0's checkpoint and evaluation", extra_s=extra_s)
-    hvd.broadcast_object(None, root_rank=0, name="chief_done")
+from utils.watchdog import Watchdog
+from lm_ptb_distributed import (  # Elastic 0: its Horovod steps, unchanged
+    average_over_ranks, check_ranks_agree, own_rows, parameter_averaging, pin_to_local_rank,
+    set_horovod_env, start_timeline, wait_for_chief)
 
 
 COMMIT_EVERY = 100  # Elastic 5: steps between commits when checkpoint_every is not set
@@ -174,6 +86,7 @@ def main(argv=None):
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab,
                               model.zero_state(cfg["batch_size"]))
+    # Elastic 2: only rank 0 reads the checkpoint; the state's first sync hands it to the others
     position = checkpoints.start(args.resume) if is_chief else Position(0)
     optimizer.iterations  # Elastic 1: created now, so that the state below holds it
     # Elastic 1: what a reset restores (the last commit) and hands to new workers (rank 0's)
