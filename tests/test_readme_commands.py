@@ -30,7 +30,7 @@ COVERED = {
     "tensorboard --logdir runs": "tests/test_use.py::test_tensorboard_serves_the_runs_scalars",
     "horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh "
     "python lm_ptb_elastic.py --config config_small":
-        "tests/test_elastic.py::test_lost_worker_shrink_grow_last_worker_lost_and_resume",
+        "tests/test_elastic.py::test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes",
     "sbatch launch/slurm.sbatch": "tests/test_slurm.py::"
     "test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues",
 }
