@@ -77,13 +77,17 @@ class Slurm:
         return subprocess.run(cmd, env=env or self.env, cwd=cwd, capture_output=True, text=True,
                               timeout=60)
 
-    def state(self, job):
-        """The job's state (PENDING, RUNNING, COMPLETED, FAILED, ...)."""
+    def field(self, job, name):
+        """One field of `scontrol show job`: JobState (PENDING, RUNNING, COMPLETED, FAILED,
+        ...), Restarts, ..."""
         r = self.run("scontrol", "show", "job", str(job))
         for field in r.stdout.split():
-            if field.startswith("JobState="):
+            if field.startswith(name + "="):
                 return field.split("=", 1)[1]
         return None
+
+    def state(self, job):
+        return self.field(job, "JobState")
 
     def wait(self, job, states, timeout):
         deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ import pytest
 from tests import helpers
 from tests.helpers import REPO, TINY, mpirun
 
-ARGS = ["--config", TINY, "--set", "steps_per_epoch=120", "--set", "num_epochs=3",
+ARGS = ["--config", TINY, "--set", "steps_per_epoch=80", "--set", "num_epochs=3",
         "--set", "eval_steps=20", "--set", "checkpoint_every=20", "--log_every", "20"]
 
 
@@ -87,7 +87,7 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
     job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out],
                      cooldown=(3, 6))  # a failed host may come back after this many seconds
     try:
-        wait_for(progress_at(out, 1, 60), "progress in epoch 1", job)
+        wait_for(progress_at(out, 1, 40), "progress in epoch 1", job)
         killed_at = time.time()
         os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)
         # the survivor goes on alone from its last commit, then the host is let back in
@@ -118,7 +118,7 @@ def test_the_last_worker_lost_ends_the_job_and_resume_continues(ptb_path, two_ho
     args = [*ARGS, "--data_path", ptb_path, "--output_dir", out, "--set", "num_epochs=2"]
     job = horovodrun(two_hosts, args)
     try:
-        wait_for(progress_at(out, 1, 60), "progress in epoch 1", job)
+        wait_for(progress_at(out, 1, 40), "progress in epoch 1", job)
         os.kill(worker_pid("localhost"), signal.SIGKILL)
         os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)
         rc, output = finish(job, timeout=120)
@@ -133,7 +133,7 @@ def test_the_last_worker_lost_ends_the_job_and_resume_continues(ptb_path, two_ho
     assert rc == 0, output[-3000:]
     assert [e["epoch"] for e in events(out, "epoch")] == [1, 2]
     steps = [e["step"] for e in events(out, "progress") if e["epoch"] == 1]
-    assert steps == sorted(set(steps)) and steps[-1] == 120, steps  # continued, not restarted
+    assert steps == sorted(set(steps)) and steps[-1] == 80, steps  # continued, not restarted
 
 
 def test_a_worker_count_that_does_not_divide_the_batch_is_refused_in_one_line():

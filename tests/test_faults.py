@@ -216,6 +216,8 @@ def test_fault_stops_the_job_and_resume_continues(how, corpus, tmp_path):
     assert "Traceback" not in stderr, stderr
     ckpts = os.listdir(os.path.join(out, "checkpoints"))
     assert not [f for f in ckpts if "_temp" in f], ckpts  # no partial checkpoint
+    if how.endswith("mpirun"):
+        return  # resumed after the two stops of a single rank (and in test_resume.py)
     done = len(metrics(out))
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -107,8 +107,8 @@ def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
     assert rebuilt["train_ppl"] == pytest.approx(reference["train_ppl"], rel=1e-4)
 
 
-IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=100", "--set", "num_epochs=2",
-            "--set", "eval_steps=2", "--set", "checkpoint_every=30", "--seed", "3",
+IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=60", "--set", "num_epochs=2",
+            "--set", "eval_steps=2", "--set", "checkpoint_every=20", "--seed", "3",
             "--log_every", "1"]
 
 
@@ -122,11 +122,11 @@ def kill_inside_epoch_2(ranks, args, run_dir):
                "--oversubscribe", "-bind-to", "none", "-np", str(ranks), *cmd]
     job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
-    saved = os.path.join(run_dir, "checkpoints", "steps", "ckpt-130.index")  # epoch 2, step 30
+    saved = os.path.join(run_dir, "checkpoints", "steps", "ckpt-80.index")  # epoch 2, step 20
     deadline = time.monotonic() + 150
     try:
         while not (os.path.exists(saved) and any(
-                e["epoch"] == 2 and e["step"] >= 35 for e in events(run_dir, "progress"))):
+                e["epoch"] == 2 and e["step"] >= 25 for e in events(run_dir, "progress"))):
             assert job.poll() is None, job.communicate()[1]
             assert time.monotonic() < deadline, "no checkpoint inside epoch 2"
             time.sleep(0.05)
@@ -135,7 +135,7 @@ def kill_inside_epoch_2(ranks, args, run_dir):
             os.killpg(job.pid, signal.SIGKILL)
         job.wait()
     steps = [e["step"] for e in events(run_dir, "progress") if e["epoch"] == 2]
-    assert steps[-1] < 100, "the run ended before it was killed"
+    assert steps[-1] < 60, "the run ended before it was killed"
 
 
 def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(ptb_path,
@@ -146,8 +146,8 @@ def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(pt
     run(0, [*args, "--output_dir", whole])
     kill_inside_epoch_2(0, [*args, "--output_dir", split], split)
     run(0, [*args, "--output_dir", split, "--resume"])
-    assert len(losses(whole, 2)) == 100
-    assert [e["step"] for e in events(split, "progress") if e["epoch"] == 2] == list(range(1, 101))
+    assert len(losses(whole, 2)) == 60
+    assert [e["step"] for e in events(split, "progress") if e["epoch"] == 2] == list(range(1, 61))
     assert losses(split, 2) == pytest.approx(losses(whole, 2), rel=1e-5)
     assert events(split, "epoch")[-1]["train_ppl"] == pytest.approx(
         events(whole, "epoch")[-1]["train_ppl"], rel=1e-5)

@@ -1,5 +1,6 @@
 """launch/slurm.sbatch under a real Slurm (one node, 2 CPUs, daemons started by the test)."""
 import os
+import subprocess
 import sys
 import time
 
@@ -52,8 +53,18 @@ def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(clust
     assert not [f for f in os.listdir(os.path.join(out, "checkpoints")) if "_temp" in f]
     assert [e["epoch"] for e in events(out, "epoch")] == [1]
 
+    # The stopped job's step daemons must be gone before it starts again (else its new step
+    # collides with the old one's leftovers: Slurm itself holds a requeued job two minutes)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "slurmstepd of the stopped job still runs"
+        time.sleep(0.3)
     assert cluster.run("scontrol", "requeue", job).returncode == 0
-    # Slurm holds a requeued job for two minutes (its begin time): start it now instead
+    deadline = time.monotonic() + 30
+    while cluster.field(job, "Restarts") != "1":  # the requeue has taken effect
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.3)
+    # and start it now instead of after the hold
     assert cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
     assert cluster.wait(job, ("COMPLETED", "FAILED"), timeout=240) == "COMPLETED", \
         open(job_log).read()

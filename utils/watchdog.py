@@ -14,12 +14,12 @@ import time
 EXIT_STATUS = 124  # what timeout(1) returns
 TICK_S = 1.0  # the watchdog looks at the deadline once a second
 PAUSED_S = 2.0  # a tick this late means this process was not running
-WARM_UP = 3  # the first step of each kind also traces and compiles it: three times the time
+WARM_UP_S = 120  # the first step of each kind also traces and compiles it: this much more
 
 
 class Watchdog:
-    """`expect(what)` before each step gives it step_timeout_s seconds (WARM_UP times that the
-    first time `what` is seen); `expect(what, extra_s=...)` allows more for a known wait."""
+    """`expect(what)` before each step gives it step_timeout_s seconds (WARM_UP_S more the first
+    time `what` is seen); `expect(what, extra_s=...)` allows more for a known wait."""
 
     def __init__(self, step_timeout_s, rank, size, output_dir):
         self.timeout_s = step_timeout_s
@@ -33,7 +33,7 @@ class Watchdog:
         threading.Thread(target=self._watch, name="step-watchdog", daemon=True).start()
 
     def expect(self, what, extra_s=0.0):
-        allowed = self.timeout_s * (1 if what in self._seen else WARM_UP) + extra_s
+        allowed = self.timeout_s + (0 if what in self._seen else WARM_UP_S) + extra_s
         self._seen.add(what)
         with self._lock:
             self._deadline = time.monotonic() + allowed
