@@ -17,12 +17,10 @@ def run(corpus, out, *sets):
     return np.array([e["loss"] for e in events(out, "progress")])
 
 
-def test_fp16_and_sparse_as_dense_train_like_the_default(corpus, tmp_path):
+def test_fp16_trains_like_the_default(corpus, tmp_path):
+    """(sparse_as_dense against the default: in the test below, with clipping acting.)"""
     base = run(corpus, tmp_path / "base")
     fp16 = run(corpus, tmp_path / "fp16", "fp16_allreduce=True", "timeline=True")
-    dense = run(corpus, tmp_path / "dense", "sparse_as_dense=True")
-    # allreduce of the embedding gradient as dense instead of allgather: the same numbers
-    np.testing.assert_allclose(dense, base, rtol=1e-4)
     # float16 on the wire: close, not equal
     assert np.abs(fp16 - base).max() / base.max() < 2e-2
     assert not np.array_equal(fp16, base)
