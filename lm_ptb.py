@@ -74,5 +74,6 @@ def main(argv=None):
                   unlogged, training.evaluate(eval_step, model, *valid, cfg))
     train(position)
 
+
 if __name__ == "__main__":
     sys.exit(cli.run_main(main))

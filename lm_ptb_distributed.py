@@ -122,11 +122,13 @@ def own_rows(position):
 
 def gather_rows_and_save(checkpoints, is_chief):
     """Horovod 5: for a checkpoint inside an epoch, every rank's rows of the LSTM state are
-    gathered (in rank order, which is row order) and rank 0 saves the global batch's."""
+    gathered (in rank order, which is row order) and rank 0 saves the global batch's.
+    Returns the gathered rows (the elastic script keeps them in memory too)."""
     def save(epoch, done, loss_sum, state):
-        rows = [hvd.allgather(t) for t in tf.nest.flatten(state)]
+        rows = [hvd.allgather(t).numpy() for t in tf.nest.flatten(state)]
         if is_chief:
             checkpoints.save_in_epoch(epoch, done, loss_sum, rows)
+        return rows
     return save
 
 
@@ -227,6 +229,7 @@ def main(argv=None):
                   unlogged, training.evaluate(eval_step, model, *valid, cfg))
     train(position)
     watchdog.stop()  # Horovod 10
+
 
 if __name__ == "__main__":
     sys.exit(cli.run_main(main))

@@ -14,7 +14,6 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
 
 import horovod.tensorflow as hvd
-import tensorflow as tf
 
 from data import ptb
 from utils import cli, config, logs
@@ -23,8 +22,8 @@ from utils.model import build
 from utils import training
 from utils.watchdog import Watchdog
 from lm_ptb_distributed import (  # Elastic 0: its Horovod steps, unchanged
-    average_over_ranks, check_ranks_agree, own_rows, parameter_averaging, pin_to_local_rank,
-    set_horovod_env, start_timeline, wait_for_chief)
+    average_over_ranks, check_ranks_agree, gather_rows_and_save, own_rows, parameter_averaging,
+    pin_to_local_rank, set_horovod_env, start_timeline, wait_for_chief)
 
 
 COMMIT_EVERY = 100  # Elastic 5: steps between commits when checkpoint_every is not set
@@ -43,11 +42,10 @@ def refuse_indivisible(cfg, workers):
 def commit_in_epoch(state, checkpoints, is_chief):
     """Elastic 5: a commit inside an epoch keeps the position and every row's LSTM state in
     memory (a lost worker sends the others back to it) and on disk."""
+    save = gather_rows_and_save(checkpoints, is_chief)
+
     def commit(epoch, done, loss_sum, lstm_state):
-        rows = [hvd.allgather(t).numpy() for t in tf.nest.flatten(lstm_state)]
-        state.position = Position(epoch, done, loss_sum, rows)
-        if is_chief:
-            checkpoints.save_in_epoch(epoch, done, loss_sum, rows)
+        state.position = Position(epoch, done, loss_sum, save(epoch, done, loss_sum, lstm_state))
         state.commit()  # raises HostsUpdatedInterrupt on every worker when hosts changed
     return commit
 
@@ -149,6 +147,7 @@ def main(argv=None):
                   unlogged, training.evaluate(eval_step, model, *valid, cfg))
     train(state)  # Elastic 3
     watchdog.stop()  # Horovod 10
+
 
 if __name__ == "__main__":
     sys.exit(cli.run_main(main))

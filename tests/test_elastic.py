@@ -74,10 +74,16 @@ def finish(job, timeout=300):
     return job.returncode, out
 
 
+def list_hosts(path, *hosts):
+    """What the discovery script prints from now on (replaced whole: it may read at any time)."""
+    (path.parent / "hosts.tmp").write_text("".join(f"{h}\n" for h in hosts))
+    os.replace(path.parent / "hosts.tmp", path)
+
+
 @pytest.fixture
 def two_hosts(tmp_path):
     path = tmp_path / "hosts.txt"
-    path.write_text("localhost:1\n127.0.0.1:1\n")
+    list_hosts(path, "localhost:1", "127.0.0.1:1")
     return path
 
 
@@ -89,20 +95,23 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
     try:
         wait_for(progress_at(out, 1, 40), "progress in epoch 1", job)
         killed_at = time.time()
+        list_hosts(two_hosts, "localhost:1")  # the second host is gone with its worker
         os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)
-        # the survivor goes on alone from its last commit, then the host is let back in
+        # the survivor goes on alone from its last commit
         wait_for(lambda: any(e["world_size"] == 1 for e in events(out, "progress")),
                  "progress at world size 1", job, timeout=60)
         alone = min(e["time"] for e in events(out, "progress") if e["world_size"] == 1)
         assert alone - killed_at < 60
-        # Alone, the tiny config's remaining ~200 steps take about 5 s here, about the host's
-        # cooldown plus the driver's discovery: on a faster CPU the job ended before the host
-        # was back (CI, [2, 1, 1, 1]). So the survivor is held while the host's cooldown runs
-        # out; the driver's note that the host is back waits in its socket (Horovod's client
-        # sets no timeout) and is read at SIGCONT, before the survivor's next commit.
+        # then the discovery script lists the host again, and its cooldown lets it back in.
+        # Alone, the tiny config's remaining ~200 steps take about 5 s here, about the cooldown
+        # plus the driver's discovery: on a faster CPU the job ended before the host was back
+        # (CI, world sizes [2, 1, 1, 1]). So the survivor is held meanwhile; the driver's note
+        # that the host is back waits in its socket (Horovod's client sets no timeout) and is
+        # read at SIGCONT, before the survivor's next commit.
         survivor = worker_pid("localhost")
         os.kill(survivor, signal.SIGSTOP)
-        time.sleep(8)  # 4x the cooldown's upper end
+        list_hosts(two_hosts, "localhost:1", "127.0.0.1:1")
+        time.sleep(8)  # 4x the cooldown's upper end, plus the driver's discovery each second
         os.kill(survivor, signal.SIGCONT)
         rc, output = finish(job)
     finally:

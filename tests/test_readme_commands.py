@@ -1,5 +1,5 @@
-"""Every command in README's code blocks is run by some test: a command README shows and no test
-runs fails here. COVERED says which test runs each (a bounded variant: fewer steps, the tiny
+"""Every command in the code blocks of README and docs/launching.md (its flags, one link away) is
+run by some test: a command they show and no test runs fails here. COVERED says which test runs each (a bounded variant: fewer steps, the tiny
 config); NOT_HERE lists, by name, the commands that need what this machine lacks."""
 import os
 import re
@@ -33,6 +33,10 @@ COVERED = {
         "tests/test_elastic.py::test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes",
     "sbatch launch/slurm.sbatch": "tests/test_slurm.py::"
     "test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues",
+    "make reproduce CONFIG=config_medium":
+        "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
+    "make reproduce-status CONFIG=config_medium":
+        "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
 }
 NOT_HERE = {  # command -> what it needs that this machine lacks
     "CONFIG=config_medium sbatch -N 2 --ntasks-per-node=4 --gpus-per-node=4 launch/slurm.sbatch":
@@ -40,9 +44,9 @@ NOT_HERE = {  # command -> what it needs that this machine lacks
 }
 
 
-def readme_commands():
-    """Each command of README's sh code blocks, continuation lines joined, comments dropped."""
-    text = open(os.path.join(REPO, "README.md")).read()
+def readme_commands(pages=("README.md", "docs/launching.md")):
+    """Each command of the pages' sh code blocks, continuation lines joined, comments dropped."""
+    text = "".join(open(os.path.join(REPO, page)).read() for page in pages)
     commands = []
     for block in re.findall(r"```sh\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
