@@ -108,6 +108,14 @@ def main(argv=None):
         log.enabled, log.world_size = is_chief, workers  # Elastic 4
         cli.report_stops(is_chief)  # Elastic 4
         watchdog.where = f"rank {hvd.rank()} of {workers}"  # Elastic 4
+        # Elastic 7: after a reset as after --resume, the log goes on from the commit (the
+        # events past it dropped) with one line per epoch: if rank 0 was lost in a validation,
+        # the new rank 0 logs that epoch now
+        unlogged = log.resume(position)
+        if unlogged:
+            done = position.epochs_done
+            log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
+                      unlogged, training.evaluate(eval_step, model, *valid, cfg))
         start_epoch = position.epochs_done
         stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
         for epoch in range(start_epoch, cfg["num_epochs"]):
@@ -140,11 +148,6 @@ def main(argv=None):
             log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
         wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
 
-    unlogged = log.resume(position) if args.resume else None
-    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
-        done = position.epochs_done
-        log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                  unlogged, training.evaluate(eval_step, model, *valid, cfg))
     train(state)  # Elastic 3
     watchdog.stop()  # Horovod 10
 
