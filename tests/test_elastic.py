@@ -49,7 +49,7 @@ def wait_for(condition, what, job, timeout=150):
     while not condition():
         assert job.poll() is None, f"the job ended before {what}: {job.communicate()[0][-3000:]}"
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def events(run_dir, kind):
