@@ -1,6 +1,7 @@
 """Every command in the code blocks of README and docs/launching.md (its flags, one link away) is
-run by some test: a command they show and no test runs fails here. COVERED says which test runs each (a bounded variant: fewer steps, the tiny
-config); NOT_HERE lists, by name, the commands that need what this machine lacks."""
+run by some test: a command they show and no test runs fails here. COVERED says which test runs
+each (a bounded variant: fewer steps, the tiny config); NOT_HERE lists, by name, the commands
+that need what this machine lacks."""
 import os
 import re
 import subprocess
