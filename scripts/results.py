@@ -214,12 +214,21 @@ def machine(runs):
     return "; ".join(cpus) or "—"
 
 
+def full_run_hours(config_name, *epoch_times):
+    """What the config's whole schedule would take here at the row's faster time per epoch
+    (training only: the validation after each epoch and the final test come on top)."""
+    epochs = paper_epochs(config_name)
+    fastest = min(t for t in epoch_times if t)
+    return f"all {epochs} ≈ {epochs * fastest / 3600:.0f} h here"
+
+
 def compact_table(runs):
     """README's table: one row per config and run kind, 2 workers / 1 process side by side."""
     rows = ["| config | run | epochs | valid ppl, 2 workers / 1 process | test ppl, 2 / 1 | "
             "time/epoch, 2 / 1 | speedup | machine |", "|" + " --- |" * 8]
     for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
-        label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs",
+        label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs; "
+                                            f"{full_run_hours(name, t1, t2)}",
                  "running": f"running: {epochs} of {paper_epochs(name)} so far",
                  "bounded": "timed steps"}[kind]
         ppl = (["—", "—"] if kind == "bounded" else

@@ -63,3 +63,14 @@ def test_the_compact_row_puts_both_runs_and_the_machine_side_by_side():
     assert results.compact_table([single, dist])[2] == (
         "| small | full | 1 | 60.00 / 61.00 | 58.00 / 59.00 | 100 s / 80 s | 0.80× | "
         "Intel(R) Xeon(R) Processor, 2 cores |")
+
+
+def test_a_partial_row_says_how_long_the_whole_schedule_would_take_at_its_time_per_epoch():
+    env = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
+    single = dict(run("partial", 1, [epoch(0, 300.0, 200.0, 3600.0),
+                                     {"event": "test", "test_ppl": 190.0}]), env=env)
+    dist = dict(run("partial", 2, [epoch(0, 301.0, 201.0, 4800.0),
+                                   {"event": "test", "test_ppl": 191.0}]), env=env)
+    # config_small's schedule is 13 epochs: 13 x 3,600 s (the faster of the two) = 13 h
+    assert results.compact_table([single, dist])[2].startswith(
+        "| small | 1 of 13 epochs; all 13 ≈ 13 h here | 1 | 201.00 / 200.00 |")
