@@ -103,6 +103,37 @@ def row_runs(runs):
                        dist and epoch_time(dist))
 
 
+def longest_runs(runs):
+    """Per config, its trained (not bounded) runs with most epochs: 2 workers, then 1 process."""
+    found = {}
+    for name in ("config_small", "config_medium", "config_large"):
+        pair = []
+        for workers in (2, 1):
+            trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
+                       and r["kind"] != "bounded"]
+            if trained:
+                pair.append(max(trained, key=lambda r: sum(e["event"] == "epoch"
+                                                           for e in r["events"])))
+        found[name] = pair
+    return found
+
+
+def epoch_by_epoch(runs):
+    """The valid perplexity of 2 workers and of one process at each epoch both ran."""
+    rows = ["| config | epoch | valid ppl, 2 workers | valid ppl, 1 process | difference |",
+            "|" + " --- |" * 5]
+    for name, pair in longest_runs(runs).items():
+        if len(pair) < 2:
+            continue
+        valid = [{e["epoch"]: e["valid_ppl"] for e in r["events"] if e["event"] == "epoch"}
+                 for r in pair]
+        for epoch in sorted(set(valid[0]) & set(valid[1])):
+            two, one = valid[0][epoch], valid[1][epoch]
+            rows.append(f"| {name.replace('config_', '')} | {epoch} | {two:.2f} | {one:.2f} | "
+                        f"{100 * (two - one) / one:+.1f} % |")
+    return rows
+
+
 def table(runs):
     rows = ["| config | run | epochs | train ppl, 2 workers / 1 process | valid ppl, 2 / 1 | "
             "test ppl, 2 / 1 | time/epoch, 2 workers | time/epoch, 1 process | speedup |",
@@ -140,15 +171,21 @@ def plots(runs):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    full = [r for r in runs if r["kind"] == "full" and r["config"]["name"] == "config_small"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in sorted(full, key=lambda r: r["workers"]):
-        epochs = [e for e in r["events"] if e["event"] == "epoch"]
-        label = f"{r['workers']} worker{'s' if r['workers'] > 1 else ''}"
-        ax.plot([e["epoch"] for e in epochs], [e["train_ppl"] for e in epochs], "--", label=f"train, {label}")
-        ax.plot([e["epoch"] for e in epochs], [e["valid_ppl"] for e in epochs], "-o", label=f"valid, {label}")
-    ax.set(xlabel="epoch", ylabel="perplexity", yscale="log", title="PTB small: perplexity per epoch")
-    ax.legend()
+    curves = {name: pair for name, pair in longest_runs(runs).items()  # a curve: 2+ epochs
+              if any(sum(e["event"] == "epoch" for e in r["events"]) > 1 for r in pair)}
+    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4), squeeze=False)
+    for ax, (name, pair) in zip(axes[0], curves.items()):
+        for r in pair:
+            epochs = [e for e in r["events"] if e["event"] == "epoch"]
+            label = f"{r['workers']} worker{'s' if r['workers'] > 1 else ''}"
+            ax.plot([e["epoch"] for e in epochs], [e["train_ppl"] for e in epochs], "--",
+                    label=f"train, {label}")
+            ax.plot([e["epoch"] for e in epochs], [e["valid_ppl"] for e in epochs], "-o",
+                    label=f"valid, {label}")
+        ax.set(xlabel="epoch", ylabel="perplexity", yscale="log",
+               title=f"PTB {name.replace('config_', '')}: perplexity per epoch")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(RESULTS, "perplexity.png"), dpi=100)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -255,7 +292,10 @@ def results_readme(runs):
         "(train, valid) and the test set after training; \"bounded\" rows time only the first "
         "steps of an epoch and scale them to a full epoch.", "",
         *table(runs), "", "![perplexity per epoch](perplexity.png) "
-        "![words/sec against workers](wps.png)", "", "Runs (command, date, machine):", "",
+        "![words/sec against workers](wps.png)", "",
+        "Epoch by epoch, the longest 2-worker run of each config against its longest one-process "
+        "run (difference: 2 workers relative to one process):", "", *epoch_by_epoch(runs), "",
+        "Runs (command, date, machine):", "",
         *provenance(runs), ""])
 
 

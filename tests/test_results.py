@@ -74,3 +74,12 @@ def test_a_partial_row_says_how_long_the_whole_schedule_would_take_at_its_time_p
     # config_small's schedule is 13 epochs: 13 x 3,600 s (the faster of the two) = 13 h
     assert results.compact_table([single, dist])[2].startswith(
         "| small | 1 of 13 epochs; all 13 ≈ 13 h here | 1 | 201.00 / 200.00 |")
+
+
+def test_epoch_by_epoch_pairs_the_longest_runs_at_the_epochs_both_reached():
+    single = run("partial", 1, [epoch(1, 300.0, 200.0, 50.0), epoch(2, 200.0, 150.0, 50.0)])
+    dist = run("running", 2, [epoch(1, 301.0, 202.0, 60.0), epoch(2, 199.0, 147.0, 60.0),
+                              epoch(3, 150.0, 120.0, 60.0)])
+    shorter = run("partial", 2, [epoch(1, 999.0, 999.0, 60.0)])
+    assert results.epoch_by_epoch([single, shorter, dist])[2:] == [
+        "| small | 1 | 202.00 | 200.00 | +1.0 % |", "| small | 2 | 147.00 | 150.00 | -2.0 % |"]
