@@ -111,7 +111,7 @@ def main(argv=None):
         # Elastic 7: after a reset as after --resume, the log goes on from the commit (the
         # events past it dropped) with one line per epoch: if rank 0 was lost in a validation,
         # the new rank 0 logs that epoch now
-        unlogged = log.resume(position)
+        unlogged = log.resume(position, world_sizes=True)
         if unlogged:
             done = position.epochs_done
             log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],

@@ -144,12 +144,14 @@ class RunLog:
                               f"({os_reason(e)}); metrics.jsonl and the checkpoints are kept; "
                               "free space, then rerun with --resume") from None
 
-    def resume(self, position):
+    def resume(self, position, world_sizes=False):
         """--resume from a checkpoints.Position: drop the events after it (the interrupted
         epoch's progress past the checkpoint) and the test result, which the resumed run writes
         again, so that every epoch has one line. The checkpoint is saved before validation, so
         a stop during validation leaves that epoch without its line: then its stats, rebuilt
-        from its last progress event, are returned for the line to be written; else None."""
+        from its last progress event, are returned for the line to be written; else None.
+        world_sizes: the stats also list the worker counts of the epoch's progress events, in
+        order, as lm_ptb_elastic.py's epoch lines do."""
         epochs_done, step = position.epochs_done, position.step
         if not self.enabled or not os.path.exists(self.path):
             return None
@@ -170,9 +172,13 @@ class RunLog:
             return None
         last = mine[-1]
         words_per_step = self.config["batch_size"] * self.config["num_steps"]
-        return {"train_ppl": last["train_ppl"], "wps": last["wps"], "lr": last["lr"],
-                "epoch_time_s": last["step"] * words_per_step / last["wps"],
-                "compute_share": None, "steps": last["step"]}
+        stats = {"train_ppl": last["train_ppl"], "wps": last["wps"], "lr": last["lr"],
+                 "epoch_time_s": last["step"] * words_per_step / last["wps"],
+                 "compute_share": None, "steps": last["step"]}
+        if world_sizes:
+            sizes = [e["world_size"] for e in mine]
+            stats["world_sizes"] = [n for i, n in enumerate(sizes) if i == 0 or sizes[i - 1] != n]
+        return stats
 
     def info(self, line):
         if self.enabled:
