@@ -52,7 +52,12 @@ def parse_args(argv):
             s.add_argument("--seed", type=int, default=0)
         if name == "export":
             s.add_argument("--export_dir", required=True)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, least in (("eval_steps", 1), ("batch_size", 1), ("num_steps", 1), ("length", 0)):
+        value = getattr(args, flag, None)
+        if value is not None and value < least:
+            raise ConfigError(f"--{flag} must be {least} or more, got {value}")
+    return args
 
 
 def run_config(run_dir):
@@ -156,8 +161,8 @@ def main(argv=None):
     vocab = run_vocab(args.run, corpus)
     model = load_model(args.run, cfg, len(vocab))
     if args.command == "perplexity":
-        batch = args.batch_size or cfg["eval_batch_size"]
-        steps = args.num_steps or cfg["eval_num_steps"]
+        batch = cfg["eval_batch_size"] if args.batch_size is None else args.batch_size
+        steps = cfg["eval_num_steps"] if args.num_steps is None else args.num_steps
         ppl, tokens = perplexity(model, getattr(corpus, args.split), batch, steps, args.eval_steps)
         whole = f" (the whole {args.split} set)" if args.eval_steps is None else ""
         print(f"{args.split} ppl {ppl:.2f} | {tokens} tokens scored in windows of {batch} x "

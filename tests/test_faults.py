@@ -65,6 +65,7 @@ CASES = {
     "output_dir not writable": (lambda t: ["--output_dir", str(t / "a_file" / "run")],
                                 "is not writable"),
     "resume without checkpoint": (lambda t: ["--resume"], "--resume: no checkpoint in"),
+    "negative log_every": (lambda t: ["--log_every", "-5"], "--log_every must be 0"),
 }
 
 

@@ -88,6 +88,22 @@ def test_perplexity_refuses_a_checkpoint_without_the_models_weights(trained, tmp
     assert "lacks weights of this model" in err and not r.stdout
 
 
+@pytest.mark.parametrize("flags, message", [(["--batch_size", "0"], "--batch_size must be 1"),
+                                            (["--num_steps", "-3"], "--num_steps must be 1"),
+                                            (["--eval_steps", "0"], "--eval_steps must be 1")])
+def test_perplexity_refuses_a_window_layout_of_nothing_in_one_line(trained, tmp_path, flags,
+                                                                   message):
+    r = evaluate_copy(trained, tmp_path, extra=flags)
+    assert r.returncode == 2 and not r.stdout, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: {message} or more, got {flags[1]}"
+
+
+def test_generate_refuses_a_negative_length():
+    with pytest.raises(evaluate.ConfigError, match="--length must be 0 or more, got -1"):
+        evaluate.parse_args(["generate", "--run", "runs/x", "--length", "-1"])
+    assert evaluate.parse_args(["generate", "--run", "runs/x", "--length", "0"]).length == 0
+
+
 def test_the_run_keeps_its_vocabulary_and_evaluate_checks_it(trained, tmp_path):
     data, run = trained
     assert ptb.read_vocab(os.path.join(run, "vocab.txt")) == ptb.load_corpus(data).vocab

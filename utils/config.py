@@ -88,7 +88,12 @@ def parse_args(argv=None, description=None):
                    help="progress line every N steps (default: about ten per epoch)")
     p.add_argument("--baseline", default=None, metavar="METRICS_JSONL",
                    help="metrics.jsonl of a single-process run, for time-per-epoch comparison")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag in ("threads", "log_every"):
+        if getattr(args, flag) < 0:
+            raise ConfigError(f"--{flag} must be 0 (the default: chosen for you) or more, got "
+                              f"{getattr(args, flag)}")
+    return args
 
 
 def load_config(name_or_path, overrides=()):
