@@ -21,8 +21,11 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import record  # noqa: E402
 from utils import config  # noqa: E402
+
+EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
 
 
 def parse_args(argv):
@@ -67,6 +70,10 @@ def trainer_command(args, run_dir):
 
 
 def start(args):
+    """Checks what it can before going to the background (the config, the worker count), then
+    watches the job for its first seconds, so a run that cannot start says so here."""
+    cfg = config.load_config(args.config, args.set)
+    check_shardable(cfg["batch_size"], args.np, cfg["backward_passes_per_step"])
     run_dir, _ = names(args)
     pid = running(run_dir)
     if pid:
@@ -89,9 +96,39 @@ def start(args):
                                stdin=subprocess.DEVNULL, start_new_session=True)
     with open(os.path.join(run_dir, "pid"), "w") as f:
         f.write(str(job.pid))
+    try:
+        code = job.wait(EARLY_EXIT_S)
+    except subprocess.TimeoutExpired:
+        code = 0
+    if code:
+        print(f"error: the run ended at once (exit {code}): {first_reason(run_dir)}; fix that and "
+              f"run the same command again (the whole output: {shown(run_dir)}/train.log)",
+              file=sys.stderr)
+        return 1
     print(f"reproduce: {'resumed' if resume else 'started'} {args.config} with {args.np} workers "
-          f"in the background (pid {job.pid}); log {os.path.relpath(run_dir, REPO)}/train.log")
+          f"in the background (pid {job.pid}); log {shown(run_dir)}/train.log")
     return 0
+
+
+def shown(path):
+    return os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else path
+
+
+def first_reason(run_dir):
+    """What a failed start says: the trainer's `error:` line, else the first paragraph of
+    mpirun's last boxed message (between lines of dashes), else the last line."""
+    with open(os.path.join(run_dir, "train.log"), errors="replace") as f:
+        lines = [line.strip() for line in f]
+    for line in reversed(lines):
+        if line.startswith("error:"):
+            return line.removeprefix("error:").strip()
+    rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
+    if len(rules) >= 2:
+        box = lines[rules[-2] + 1:rules[-1]]
+        paragraph = " ".join(box[:box.index("")] if "" in box else box).rstrip(":")
+        if paragraph:
+            return paragraph
+    return next((line for line in reversed(lines) if line), "no output")
 
 
 def events(run_dir):
@@ -183,7 +220,14 @@ def keep(run_dir, results_dir, cfg, done):
 
 def main(argv=None):
     args = parse_args(argv)
-    return {"start": start, "status": status, "shared": shared}[args.action](args)
+    try:
+        config.load_config(args.config, args.set)  # a typo in --config is named as such
+        if args.np < 1:
+            raise config.ConfigError(f"--np must be 1 or more, got {args.np}")
+        return {"start": start, "status": status, "shared": shared}[args.action](args)
+    except (config.ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -60,3 +60,20 @@ def test_start_stop_and_continue_with_the_same_command(corpus, tmp_path):
     assert second["epochs_done_at_start"] >= 1 and second["cpu"] and second["commit"]
     log = (run_dir / "train.log").read_text()  # both segments' output, appended
     assert "[ptb] epoch 1/3 done" in log and "[ptb] epoch 3/3 done" in log
+
+
+def test_a_start_that_cannot_run_says_why_in_one_line(corpus, tmp_path):
+    rc, out = reproduce("start", tmp_path, corpus, "--np", "3")  # batch_size 20 over 3 workers
+    assert rc == 2 and not (tmp_path / "runs").exists(), out
+    rc, out = reproduce("status", tmp_path, corpus, "--np", "0")
+    assert rc == 2, out
+    # more workers than this host has slots: mpirun itself refuses, within the first seconds
+    workers = os.cpu_count() + 1
+    started = time.monotonic()
+    r = subprocess.run([sys.executable, "scripts/reproduce.py", "start", "--config", TINY,
+                        "--np", str(workers), "--set", f"batch_size={workers}",
+                        "--data_path", corpus, "--runs_dir", str(tmp_path / "runs")],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and not r.stdout and time.monotonic() - started < 30, r.stdout
+    assert r.stderr.startswith("error: the run ended at once (exit 1): There are not enough "
+                               "slots available") and len(r.stderr.splitlines()) == 1, r.stderr
