@@ -70,10 +70,8 @@ def trainer_command(args, run_dir):
 
 
 def start(args):
-    """Checks what it can before going to the background (the config, the worker count), then
+    """Goes to the background once main() has checked the config and the worker count, and
     watches the job for its first seconds, so a run that cannot start says so here."""
-    cfg = config.load_config(args.config, args.set)
-    check_shardable(cfg["batch_size"], args.np, cfg["backward_passes_per_step"])
     run_dir, _ = names(args)
     pid = running(run_dir)
     if pid:
@@ -221,9 +219,11 @@ def keep(run_dir, results_dir, cfg, done):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        config.load_config(args.config, args.set)  # a typo in --config is named as such
+        cfg = config.load_config(args.config, args.set)  # a typo in --config is named as such
         if args.np < 1:
             raise config.ConfigError(f"--np must be 1 or more, got {args.np}")
+        if args.action == "start":
+            check_shardable(cfg["batch_size"], args.np, cfg["backward_passes_per_step"])
         return {"start": start, "status": status, "shared": shared}[args.action](args)
     except (config.ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -71,6 +71,10 @@ def epoch_time(run):
     return statistics.median(step_s) * full_epoch_steps(run["config"])
 
 
+def epoch_count(run):
+    return sum(e["event"] == "epoch" for e in run["events"])
+
+
 def last(run, event, key):
     values = [e[key] for e in run["events"] if e["event"] == event]
     return values[-1] if values else None
@@ -98,7 +102,7 @@ def row_runs(runs):
         for kind in ("full", "running", "partial", "bounded"):
             single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
             if single or dist:
-                epochs = sum(e["event"] == "epoch" for e in (dist or single)["events"])
+                epochs = epoch_count(dist or single)
                 yield (name, kind, single, dist, epochs, single and epoch_time(single),
                        dist and epoch_time(dist))
 
@@ -112,8 +116,7 @@ def longest_runs(runs):
             trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
                        and r["kind"] != "bounded"]
             if trained:
-                pair.append(max(trained, key=lambda r: sum(e["event"] == "epoch"
-                                                           for e in r["events"])))
+                pair.append(max(trained, key=epoch_count))
         found[name] = pair
     return found
 
@@ -172,7 +175,7 @@ def plots(runs):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     curves = {name: pair for name, pair in longest_runs(runs).items()  # a curve: 2+ epochs
-              if any(sum(e["event"] == "epoch" for e in r["events"]) > 1 for r in pair)}
+              if any(epoch_count(r) > 1 for r in pair)}
     fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4), squeeze=False)
     for ax, (name, pair) in zip(axes[0], curves.items()):
         for r in pair:
