@@ -94,17 +94,40 @@ def perplexities(single, dist, event, key):
     return " / ".join(values)
 
 
+def first_epochs(run, n):
+    """A longer run as it stood after epoch n: its first n epoch lines, no test."""
+    events = [e for e in run["events"] if e["event"] == "epoch" and e["epoch"] <= n]
+    return dict(run, events=events, borrowed=True)
+
+
+def longer_2worker_run(runs, name, epochs):
+    """The config's 2-worker run of the whole schedule (done or running), if it reached `epochs`:
+    a one-process partial run is then compared with its first epochs, not run twice."""
+    longer = [r for r in runs if r["config"]["name"] == name and r["workers"] == 2
+              and r["kind"] in ("full", "running") and epoch_count(r) >= epochs]
+    return first_epochs(max(longer, key=epoch_count), epochs) if longer else None
+
+
 def row_runs(runs):
     """Per table row, in order: (config name, kind, 1-process run, 2-worker run, epochs, time
-    per epoch of each), the runs absent as None."""
-    by = {(r["config"]["name"], r["kind"], r["workers"]): r for r in runs}
+    per epoch of each), the runs absent as None. A 2-worker cell borrowed from a longer run's
+    first epochs has no time: those epochs ran in another sitting."""
+    by = {}
+    for r in runs:
+        key = (r["config"]["name"], r["kind"], r["workers"])
+        if key in by:
+            sys.exit(f"error: results/{by[key]['name']} and results/{r['name']} are both a "
+                     f"{r['kind']} run of {key[0]} with {key[2]} worker(s); remove the older one")
+        by[key] = r
     for name in ("config_small", "config_medium", "config_large"):
         for kind in ("full", "running", "partial", "bounded"):
             single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
             if single or dist:
                 epochs = epoch_count(dist or single)
+                if kind == "partial" and not dist:
+                    dist = longer_2worker_run(runs, name, epochs)
                 yield (name, kind, single, dist, epochs, single and epoch_time(single),
-                       dist and epoch_time(dist))
+                       dist and not dist.get("borrowed") and epoch_time(dist) or None)
 
 
 def longest_runs(runs):
@@ -145,7 +168,9 @@ def table(runs):
         speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
         label = {"full": "full",
                  "running": f"running ({epochs} of {paper_epochs(name)} epochs so far)",
-                 "partial": f"partial ({epochs} of {paper_epochs(name)} epochs)",
+                 "partial": f"partial ({epochs} of {paper_epochs(name)} epochs"
+                 + (f"; 2 workers: the {dist['kind']} run's first {epochs}"
+                    if dist and dist.get("borrowed") else "") + ")",
                  "bounded": "bounded (time from the first steps)"}[kind]
         if kind == "bounded":
             cells = ["—"] * 4
@@ -267,8 +292,10 @@ def compact_table(runs):
     rows = ["| config | run | epochs | valid ppl, 2 workers / 1 process | test ppl, 2 / 1 | "
             "time/epoch, 2 / 1 | speedup | machine |", "|" + " --- |" * 8]
     for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
-        label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs; "
-                                            f"{full_run_hours(name, t1, t2)}",
+        borrowed = dist and dist.get("borrowed")
+        label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs"
+                 + (f" (2 workers: the {dist['kind']} run's first {epochs})" if borrowed else "")
+                 + f"; {full_run_hours(name, t1, t2)}",
                  "running": f"running: {epochs} of {paper_epochs(name)} so far",
                  "bounded": "timed steps"}[kind]
         ppl = (["—", "—"] if kind == "bounded" else

@@ -1,6 +1,8 @@
 """scripts/results.py: the README table from run logs, on hand-made logs and on the committed ones."""
 import os
 
+import pytest
+
 from scripts import results
 from tests.helpers import REPO
 
@@ -83,3 +85,26 @@ def test_epoch_by_epoch_pairs_the_longest_runs_at_the_epochs_both_reached():
     shorter = run("partial", 2, [epoch(1, 999.0, 999.0, 60.0)])
     assert results.epoch_by_epoch([single, shorter, dist])[2:] == [
         "| small | 1 | 202.00 | 200.00 | +1.0 % |", "| small | 2 | 147.00 | 150.00 | -2.0 % |"]
+
+
+def test_a_one_process_partial_run_is_compared_with_the_first_epochs_of_the_2_worker_run():
+    env = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
+    single = dict(run("partial", 1, [epoch(1, 300.0, 200.0, 3600.0), epoch(2, 200.0, 150.0, 3600.0),
+                                     {"event": "test", "test_ppl": 140.0}]), env=env)
+    dist = dict(run("running", 2, [epoch(1, 301.0, 202.0, 60.0), epoch(2, 199.0, 147.0, 60.0),
+                                   epoch(3, 150.0, 120.0, 60.0)]), env=env)
+    rows = results.compact_table([single, dist])
+    # the 2-worker cells are its epoch 2, with no test and no time: those ran in another sitting
+    assert rows[3] == ("| small | 2 of 13 epochs (2 workers: the running run's first 2); "
+                       "all 13 ≈ 13 h here | 2 | 147.00 / 150.00 | — / 140.00 | — / 3600 s | — | "
+                       "Intel(R) Xeon(R) Processor, 2 cores |")
+    assert results.table([single, dist])[3].startswith(
+        "| small | partial (2 of 13 epochs; 2 workers: the running run's first 2) | 2 | "
+        "199.00 / 200.00 | 147.00 / 150.00 | — / 140.00 | — | 3600.0 s | — |")
+
+
+def test_two_runs_of_the_same_row_are_refused_rather_than_one_silently_dropped():
+    old, new = run("partial", 1, [epoch(1, 300.0, 200.0, 50.0)]), run("partial", 1, [])
+    new["name"] = "small-1-new"
+    with pytest.raises(SystemExit, match="both a partial run of config_small"):
+        list(results.row_runs([old, new]))
