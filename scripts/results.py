@@ -183,15 +183,32 @@ def table(runs):
     return rows
 
 
+def sittings(run):
+    """A run continued over several sittings (`make reproduce`): which epochs each trained, from
+    when, on which machine and commit, and what else ran there meanwhile."""
+    segments, parts = run["segments"], []
+    ends = [s["epochs_done_at_start"] for s in segments[1:]] + [epoch_count(run)]
+    for s, end in zip(segments, ends):
+        first = s["epochs_done_at_start"] + 1
+        if first > end:
+            continue  # a sitting stopped before it finished an epoch
+        beside = "; ".join(s.get("shared", [])) or "nothing else noted"
+        epochs = f"epochs {first}-{end}" if end > first else f"epoch {first}"
+        parts.append(f"{epochs} from {s['started_utc']} UTC on {s['cpu']}, "
+                     f"{s['cores']} cores, commit {s['commit']} (beside it: {beside})")
+    return f"In {len(parts)} sittings: " + " | ".join(parts)
+
+
 def provenance(runs):
     lines = []
     for r in sorted(runs, key=lambda r: r["name"]):
         env = r["env"]
+        note = sittings(r) if r.get("segments") else r.get("note")
         lines.append(f"- `results/{r['name']}` ({r['kind']}, {r['workers']} worker"
                      f"{'s' if r['workers'] > 1 else ''}; {env['date_utc']} UTC, {env['cpu']}, "
                      f"{env['cores']} cores, TF {env['tensorflow']}, Horovod {env['horovod']}, "
                      f"commit {env['commit']}): `{r['command']}`"
-                     + (f". {r['note']}" if r.get("note") else ""))
+                     + (f". {note}" if note else ""))
     return lines
 
 

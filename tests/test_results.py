@@ -108,3 +108,19 @@ def test_two_runs_of_the_same_row_are_refused_rather_than_one_silently_dropped()
     new["name"] = "small-1-new"
     with pytest.raises(SystemExit, match="both a partial run of config_small"):
         list(results.row_runs([old, new]))
+
+
+def test_a_run_of_several_sittings_names_the_epochs_machine_and_commit_of_each():
+    segment = {"cpu": "AMD EPYC", "cores": 2}
+    r = run("full", 2, [epoch(n, 90.0, 95.0, 60.0) for n in (1, 2, 3, 4)])
+    r["segments"] = [dict(segment, started_utc="d1", commit="aaa", epochs_done_at_start=0,
+                          shared=["a CI run"]),
+                     dict(segment, started_utc="d2", commit="bbb", epochs_done_at_start=2),
+                     dict(segment, started_utc="d3", commit="ccc", epochs_done_at_start=2),
+                     dict(segment, started_utc="d4", commit="ddd", epochs_done_at_start=3)]
+    # the sitting d2 stopped before it finished an epoch: d3 trained epoch 3 again from ckpt-2
+    assert results.sittings(r) == (
+        "In 3 sittings: epochs 1-2 from d1 UTC on AMD EPYC, 2 cores, commit aaa (beside it: a CI "
+        "run) | epoch 3 from d3 UTC on AMD EPYC, 2 cores, commit ccc (beside it: nothing else "
+        "noted) | epoch 4 from d4 UTC on AMD EPYC, 2 cores, commit ddd (beside it: nothing "
+        "else noted)")
