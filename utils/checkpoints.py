@@ -142,7 +142,8 @@ class Checkpoints:
         damaged = []
         for path in candidates:  # newest first
             try:
-                self._core.restore(path).assert_existing_objects_matched()
+                # the in-epoch values are read just below, not by _core: no warning about them
+                self._core.restore(path).assert_existing_objects_matched().expect_partial()
                 tf.train.Checkpoint(in_epoch=self.in_epoch).restore(path).expect_partial()
             except (ValueError, AssertionError) as e:
                 # The half-matched checkpoint object would warn about every unrestored value.
