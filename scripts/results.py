@@ -100,6 +100,13 @@ def first_epochs(run, n):
     return dict(run, events=events, borrowed=True)
 
 
+def borrowed_from(dist):
+    """Where a row's 2-worker cells come from, if not from a run of the row's own kind."""
+    if dist and dist.get("borrowed"):
+        return f"2 workers: the {dist['kind']} run's first {epoch_count(dist)}"
+    return ""
+
+
 def longer_2worker_run(runs, name, epochs):
     """The config's 2-worker run of the whole schedule (done or running), if it reached `epochs`:
     a one-process partial run is then compared with its first epochs, not run twice."""
@@ -169,8 +176,7 @@ def table(runs):
         label = {"full": "full",
                  "running": f"running ({epochs} of {paper_epochs(name)} epochs so far)",
                  "partial": f"partial ({epochs} of {paper_epochs(name)} epochs"
-                 + (f"; 2 workers: the {dist['kind']} run's first {epochs}"
-                    if dist and dist.get("borrowed") else "") + ")",
+                 + (f"; {borrowed_from(dist)}" if borrowed_from(dist) else "") + ")",
                  "bounded": "bounded (time from the first steps)"}[kind]
         if kind == "bounded":
             cells = ["—"] * 4
@@ -309,9 +315,8 @@ def compact_table(runs):
     rows = ["| config | run | epochs | valid ppl, 2 workers / 1 process | test ppl, 2 / 1 | "
             "time/epoch, 2 / 1 | speedup | machine |", "|" + " --- |" * 8]
     for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
-        borrowed = dist and dist.get("borrowed")
         label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs"
-                 + (f" (2 workers: the {dist['kind']} run's first {epochs})" if borrowed else "")
+                 + (f" ({borrowed_from(dist)})" if borrowed_from(dist) else "")
                  + f"; {full_run_hours(name, t1, t2)}",
                  "running": f"running: {epochs} of {paper_epochs(name)} so far",
                  "bounded": "timed steps"}[kind]
