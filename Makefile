@@ -2,7 +2,8 @@
 #   make train   set up, then train the small config with 2 Horovod workers on this host
 #   make test    set up, then run the whole test suite
 # Offline machines: PTB_DATA_PATH=/path/to/ptb make ...   (a folder with ptb.{train,valid,test}.txt)
-# RUNS (default runs) holds the run folders; ARGS adds trainer flags (--set num_epochs=1, say).
+# RUNS (default runs) holds the run folders; ARGS adds trainer flags (--set num_epochs=1, say);
+# TESTS narrows make test (TESTS="-m smoke": the quick-start check scripts/fresh_machine.sh runs).
 PTB_DATA_PATH ?= data/ptb
 export PTB_DATA_PATH
 CONFIG ?= config_small
@@ -27,7 +28,7 @@ single: setup data
 	    $(call RESUME,single) $(ARGS)
 
 test: setup data slurm
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TESTS)
 
 setup:
 	scripts/setup.sh

@@ -16,16 +16,14 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
-
-import tensorflow as tf
-
 from data import ptb
 from utils import cli, training
 from utils.checkpoints import VOCAB_FILE
 from utils.config import DEFAULT_DATA_PATH, ConfigError
 from utils.logs import first_line
 from utils.model import build
+# After utils, which sets TensorFlow's environment (Keras 2) before TensorFlow is imported.
+import tensorflow as tf
 
 
 def parse_args(argv):

@@ -7,10 +7,7 @@ Smoke run (one short epoch):
 
 N local workers or two hosts: lm_ptb_distributed.py, which is this file plus Horovod.
 """
-import os
 import sys
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
 
 from data import ptb
 from utils import cli, config, logs

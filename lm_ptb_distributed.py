@@ -17,17 +17,15 @@ Two hosts, one worker each (see README for every flag; add --allow-run-as-root a
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
-
-import horovod.tensorflow as hvd
-import tensorflow as tf
-
 from data import ptb
 from utils import cli, config, logs
 from utils.checkpoints import Checkpoints
 from utils.model import build
 from utils import training
 from utils.watchdog import Watchdog, chief_work_allowance
+# After utils, which sets TensorFlow's environment (Keras 2) before TensorFlow is imported.
+import horovod.tensorflow as hvd
+import tensorflow as tf
 
 
 def set_horovod_env(cfg):

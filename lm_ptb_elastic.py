@@ -8,12 +8,7 @@ README.md. `batch_size` stays the global batch, split anew among the workers aft
     horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh \
         python lm_ptb_elastic.py --config config_small
 """
-import os
 import sys
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
-
-import horovod.tensorflow as hvd
 
 from data import ptb
 from utils import cli, config, logs
@@ -21,6 +16,8 @@ from utils.checkpoints import Checkpoints, Position
 from utils.model import build
 from utils import training
 from utils.watchdog import Watchdog
+# After utils, which sets TensorFlow's environment (Keras 2) before TensorFlow is imported.
+import horovod.tensorflow as hvd
 from lm_ptb_distributed import (  # Elastic 0: its Horovod steps, unchanged
     average_over_ranks, check_ranks_agree, gather_rows_and_save, own_rows, parameter_averaging,
     pin_to_local_rank, set_horovod_env, start_timeline, wait_for_chief)

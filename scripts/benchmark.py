@@ -23,7 +23,6 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from utils import config  # noqa: E402
 from utils.config import DEFAULT_DATA_PATH  # noqa: E402

@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
 # Set up everything the trainers and tests need; safe to run again (it skips what is done).
-#   1. Debian packages: Open MPI (runtime and headers), cmake, g++, iproute2 (apt, as root or sudo)
-#   2. .venv with the pinned requirements.txt (pip's cache is kept, so a rerun downloads nothing)
-#   3. Horovod, built against that TensorFlow with MPI and Gloo, CPU ops
+#   1. Debian packages: Open MPI (runtime and headers), cmake, g++, patch, iproute2 (apt, as
+#      root or with sudo)
+#   2. .venv, made with PYTHON if set, else the newest of python3.13 .. python3.10 on PATH,
+#      with the pinned requirements.txt and requirements-no-deps.txt
+#   3. Horovod 0.28.1 from PyPI's source, patched by scripts/patches/horovod-0.28.1/ (one file
+#      per cause: new compilers and TensorFlow), built against that TensorFlow with MPI and Gloo
 # GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL;
 # it first checks for a CUDA 12 nvcc and NCCL's headers and stops, changing nothing, without
 # them (docs/gpu.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOROVOD_VERSION=0.28.1
-PYTHON=${PYTHON:-python3.11}
+PATCHES=scripts/patches/horovod-$HOROVOD_VERSION
+SUPPORTED="Python 3.10 to 3.13"
 GPU=${GPU:-0}
 
 if [ "$GPU" = 1 ]; then
     # Horovod's CMake needs the CUDA compiler and headers, which the pip CUDA wheels lack.
     if ! command -v nvcc >/dev/null; then
         echo "error: GPU=1 needs nvcc, the CUDA compiler of a CUDA 12.x toolkit (e.g. the" \
-             "nvidia/cuda:12.2.2-devel image or the cuda-toolkit-12-2 package); install it, put" \
+             "nvidia/cuda:12.5.1-devel image or the cuda-toolkit-12-5 package); install it, put" \
              "it on PATH and rerun (docs/gpu.md)" >&2
         exit 1
     fi
     cuda=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
     if [ "$cuda" != 12 ]; then
-        echo "error: GPU=1: nvcc is CUDA ${cuda:-unknown}, TensorFlow 2.15 is built for CUDA 12.2;" \
+        echo "error: GPU=1: nvcc is CUDA ${cuda:-unknown}, TensorFlow 2.21 is built for CUDA 12;" \
              "put a CUDA 12.x toolkit's nvcc first on PATH (docs/gpu.md)" >&2
         exit 1
     fi
@@ -35,11 +39,56 @@ if [ "$GPU" = 1 ]; then
     fi
 fi
 
+# "3.11" if $1 runs and is a supported Python, else nothing (a pyenv shim of a Python that is
+# not installed exists on PATH but fails to run).
+supported_version() {
+    "$1" -c 'import sys; v = sys.version_info[:2]; (3, 10) <= v <= (3, 13) and print("%d.%d" % v)' \
+        2>/dev/null || true
+}
+
+choose_python() {
+    if [ -n "${PYTHON:-}" ]; then
+        if ! "$PYTHON" -c '' 2>/dev/null; then
+            echo "error: PYTHON=$PYTHON does not run; set PYTHON to a $SUPPORTED interpreter" >&2
+            exit 1
+        fi
+        if [ -z "$(supported_version "$PYTHON")" ]; then
+            echo "error: PYTHON=$PYTHON is Python $("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])');" \
+                 "setup supports $SUPPORTED (TensorFlow 2.21's wheels); set PYTHON to one of those" >&2
+            exit 1
+        fi
+        echo "$PYTHON"
+        return
+    fi
+    for candidate in python3.13 python3.12 python3.11 python3.10; do
+        if command -v "$candidate" >/dev/null && [ -n "$(supported_version "$candidate")" ]; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo "error: no $SUPPORTED found (python3.13 .. python3.10 on PATH); install one with its" \
+         "venv module (Debian/Ubuntu: python3 python3-venv) or set PYTHON=/path/to/python3.X" >&2
+    exit 1
+}
+
+# The Python first, so that an unsupported one is refused before anything is installed.
+python=""
+if [ -x .venv/bin/python ]; then
+    if [ -z "$(supported_version .venv/bin/python)" ]; then
+        echo "error: .venv's Python is not one of $SUPPORTED (an older setup's?); remove it" \
+             "(rm -rf .venv) and rerun" >&2
+        exit 1
+    fi
+else
+    python=$(choose_python)
+fi
+
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v mpicxx >/dev/null || missing+=(libopenmpi-dev)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
+command -v patch >/dev/null || missing+=(patch)
 command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]} with apt-get"
@@ -50,34 +99,64 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
 fi
 
-if [ ! -x .venv/bin/python ]; then
-    if ! command -v "$PYTHON" >/dev/null; then
-        echo "error: $PYTHON not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
+if [ -n "$python" ]; then
+    if ! "$python" -m venv .venv; then
+        rm -rf .venv
+        echo "error: $python cannot make a venv; install its venv module (Debian/Ubuntu:" \
+             "apt-get install python3-venv, or python3.X-venv for $python) and rerun" >&2
         exit 1
     fi
-    "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "$GPU" = 1 ]; then
     grep -v '^tensorflow-cpu' requirements.txt > .venv/requirements-gpu.txt
-    .venv/bin/python -m pip install -q -r .venv/requirements-gpu.txt "tensorflow[and-cuda]==2.15.1"
+    tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' requirements.txt)
+    .venv/bin/python -m pip install -q -r .venv/requirements-gpu.txt "tensorflow[and-cuda]==$tf_pin"
     gpu_build=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="${HOROVOD_NCCL_HOME:-/usr}")
     built='h.mpi_built() and h.nccl_built()'
 else
     .venv/bin/python -m pip install -q -r requirements.txt
     gpu_build=()
-    built='h.mpi_built()'
+    built='h.mpi_built() and h.gloo_built()'
 fi
+.venv/bin/python -m pip install -q --no-deps -r requirements-no-deps.txt
 
-if ! .venv/bin/python -c "import horovod.tensorflow as h; assert $built" 2>/dev/null; then
-    echo "setup: building horovod==$HOROVOD_VERSION (about 3 minutes; pip caches the wheel)"
-    # --no-cache-dir in GPU mode: a wheel cached from a CPU build (or another TensorFlow) would
-    # be reused and fail at import (HorovodVersionMismatchError, horovod#2619).
+# Horovod's sdist, unpacked and patched in .venv/horovod-src; each patch is first tried alone,
+# so one that does not fit (another Horovod version) stops setup before anything is built.
+patched_horovod_source() {
+    local src=.venv/horovod-src tree
+    rm -rf "$src"
+    mkdir -p "$src"
+    .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d "$src" \
+        "horovod==$HOROVOD_VERSION" >&2
+    tar xzf "$src/horovod-$HOROVOD_VERSION.tar.gz" -C "$src"
+    tree=$src/horovod-$HOROVOD_VERSION
+    for patch_file in "$PATCHES"/*.patch; do
+        if ! patch -d "$tree" -p1 --forward --batch --dry-run <"$patch_file" >/dev/null 2>&1; then
+            echo "error: $patch_file does not apply to horovod $HOROVOD_VERSION's source in" \
+                 "$tree; the patches are made for that version (scripts/patches/)" >&2
+            exit 1
+        fi
+        patch -d "$tree" -p1 --forward --batch --silent <"$patch_file"
+    done
+    echo "$tree"
+}
+
+# TF_USE_LEGACY_KERAS: the import check sees the Keras the trainers use (utils/__init__.py).
+check_horovod="import horovod.tensorflow as h; assert $built"
+if ! TF_USE_LEGACY_KERAS=1 .venv/bin/python -c "$check_horovod" 2>/dev/null; then
+    [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
+    tree=$(patched_horovod_source)
+    echo "setup: building horovod==$HOROVOD_VERSION with $(ls "$PATCHES" | wc -l) patches" \
+         "(about 4 minutes)"
+    # --no-cache-dir: never a wheel built before (for another TensorFlow, or without NCCL),
+    # which would fail at import (HorovodVersionMismatchError, horovod#2619).
     env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
-        .venv/bin/python -m pip install -q --no-build-isolation \
-        $([ "$GPU" = 1 ] && echo --no-cache-dir --force-reinstall --no-deps) \
-        "horovod==$HOROVOD_VERSION"
+        .venv/bin/python -m pip install -q --no-build-isolation --no-cache-dir --no-deps \
+        --force-reinstall "$tree"
+    rm -rf .venv/horovod-src
 fi
-TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -c "import horovod.tensorflow as h, tensorflow as tf; \
-print(f'setup: ok (TensorFlow {tf.__version__}, Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()})')"
+TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -c "import sys, horovod.tensorflow as h, tensorflow as tf; \
+print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
+      f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()})')"

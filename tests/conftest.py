@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+import utils  # noqa: F401  before any test imports TensorFlow: Keras 2 (utils/__init__.py)
 from tests.helpers import REPO, patterned_sentences, write_corpus
 
 

@@ -9,11 +9,17 @@ TINY = os.path.join(REPO, "tests", "config_tiny.py")  # a model that trains in s
 IS_ROOT = os.geteuid() == 0
 
 
+def script_env(extra=None):
+    """This process's environment for a script, without TF_USE_LEGACY_KERAS (conftest's import
+    of utils set it here): each script must select Keras 2 itself, as it does for a user."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    return dict(env, PYTHONUNBUFFERED="1", **(extra or {}))
+
+
 def run_script(args, timeout=120, env=None):
     """Run a repo script in a fresh interpreter; returns CompletedProcess with text output."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+                          timeout=timeout, env=script_env(env))
 
 
 def write_corpus(folder, train, valid, test):
@@ -43,7 +49,8 @@ def mpirun(*apps, timeout=180, extra=()):
     for i, (n, args) in enumerate(apps):
         cmd += ([":"] if i else []) + ["-np", str(n), sys.executable,
                                        "lm_ptb_distributed.py", *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=script_env())
 
 
 def events(run_dir, kind):

@@ -5,6 +5,7 @@ import hashlib
 import json
 import sys
 
+import utils  # noqa: F401  first: TensorFlow's environment (Keras 2), utils/__init__.py
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf

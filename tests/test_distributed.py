@@ -18,6 +18,7 @@ EQUIV_SET = ["--set", "hidden_size=16", "--set", "batch_size=4", "--set", "num_s
              "--set", "eval_steps=5", "--set", "keep_prob=1.0", "--log_every", "1", "--seed", "7"]
 
 
+@pytest.mark.smoke
 def test_two_ranks_equal_one_process_and_only_rank0_writes(ptb_path, tmp_path):
     single, dist, rank1 = tmp_path / "single", tmp_path / "dist", tmp_path / "rank1"
     common = ["--config", TINY, "--data_path", ptb_path, *EQUIV_SET]
@@ -183,6 +184,7 @@ def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
     assert test_event["world_size"] == 2 and test_event["test_ppl"] > 0
 
 
+@pytest.mark.smoke
 def test_horovodrun_gloo_on_one_host(ptb_path, tmp_path):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     out = tmp_path / "gloo"

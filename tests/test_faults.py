@@ -94,6 +94,7 @@ def metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.smoke
 def test_resume_continues_exactly_and_checkpoint_config_mismatch(corpus, tmp_path):
     base = ["--config", TINY, "--data_path", corpus]
     full, split = str(tmp_path / "full"), str(tmp_path / "split")

@@ -98,6 +98,7 @@ def _layer_outputs_and_gradients(lstm, run, x, h, c, weights):
 
 @pytest.mark.parametrize("batch, steps, units", [(20, 20, 200), (20, 35, 650)],
                          ids=["small", "medium"])
+@pytest.mark.smoke
 def test_bptt_lstm_equals_keras_and_unrolled_in_value_and_gradient(batch, steps, units):
     """The hand-written backward pass against autodiff of two independent forwards."""
     from utils.model import bptt_lstm, unrolled_lstm
@@ -158,6 +159,7 @@ def test_sequence_loss_equals_tensorflows_cross_entropy():
     assert float(sequence_loss(logits, targets)) == pytest.approx(float(expected), rel=1e-6)
 
 
+@pytest.mark.smoke
 def test_loss_trajectory_matches_the_reference_implementation(ptb_path, tmp_path):
     """The CPU fast path must not move perplexity: 60 steps of the tiny config stay within
     1e-3 of the losses the plain Keras LSTM + sparse cross-entropy gave (tests/reference_losses.json)."""

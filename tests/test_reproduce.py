@@ -58,8 +58,13 @@ def test_start_stop_and_continue_with_the_same_command(corpus, tmp_path):
     first, second = run["segments"]
     assert "--resume" not in first["command"] and second["command"].endswith("--resume")
     assert second["epochs_done_at_start"] >= 1 and second["cpu"] and second["commit"]
-    log = (run_dir / "train.log").read_text()  # both segments' output, appended
-    assert "[ptb] epoch 1/3 done" in log and "[ptb] epoch 3/3 done" in log
+    # Both segments' output, appended. The first one's last lines may be missing: SIGKILL ends
+    # mpirun before it forwards what rank 0 printed last, though rank 0 had written the event
+    # to metrics.jsonl (seen once: epoch 1's line lost, its event kept). Every epoch after the
+    # checkpoint the second segment started from is its own, and so is its line.
+    log = (run_dir / "train.log").read_text()
+    for epoch in range(second["epochs_done_at_start"] + 1, 4):
+        assert f"[ptb] epoch {epoch}/3 done" in log, log
 
 
 def test_a_start_that_cannot_run_says_why_in_one_line(corpus, tmp_path):

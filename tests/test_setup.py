@@ -1,36 +1,118 @@
-"""scripts/setup.sh's GPU mode on this machine, which has no GPU: it must refuse in one line,
-before touching anything, when the CUDA 12 compiler is missing or of another version."""
+"""scripts/setup.sh's refusals, each before it installs anything: an unsupported Python, a
+Horovod patch that does not apply, and GPU mode on this machine, which has no GPU."""
+import glob
 import os
 import shutil
 import subprocess
+
+import pytest
 
 from tests.helpers import REPO
 
 
 def venv_state():
     """Names and mtimes of .venv's top entries and of its site-packages: any install changes it."""
-    site = os.path.join(REPO, ".venv", "lib", "python3.11", "site-packages")
+    site = glob.glob(os.path.join(REPO, ".venv", "lib", "python3.*", "site-packages"))[0]
     return {p: os.stat(p).st_mtime_ns for folder in (os.path.join(REPO, ".venv"), site)
             for p in (os.path.join(folder, n) for n in os.listdir(folder))}
 
 
-def gpu_setup(path):
-    script = os.path.join(REPO, "scripts", "setup.sh")
-    return subprocess.run([shutil.which("bash"), script], cwd=REPO,
-                          env={"PATH": path, "GPU": "1", "HOME": os.environ.get("HOME", "/root")},
-                          capture_output=True, text=True, timeout=60)
+def tools_only(tmp_path, *tools):
+    """A PATH folder holding just these programs (links to the real ones)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in tools:
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    return str(bin_dir)
+
+
+def setup_copy(tmp_path):
+    """setup.sh and its patches in an empty checkout of their own: it works on that folder."""
+    shutil.copytree(os.path.join(REPO, "scripts"), tmp_path / "repo" / "scripts")
+    for name in ("requirements.txt", "requirements-no-deps.txt"):
+        shutil.copy(os.path.join(REPO, name), tmp_path / "repo" / name)
+    return tmp_path / "repo"
+
+
+def run_setup(repo, path, **env):
+    return subprocess.run([shutil.which("bash"), os.path.join(repo, "scripts", "setup.sh")],
+                          cwd=repo, capture_output=True, text=True, timeout=120,
+                          env={"PATH": path, "HOME": os.environ.get("HOME", "/root"), **env})
+
+
+def one_error_line(r, start):
+    assert r.returncode == 1 and not r.stdout, r.stdout + r.stderr
+    assert r.stderr.startswith(start), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def unsupported_python():
+    """A real interpreter outside 3.10-3.13 on this machine (pyenv's, or Debian's python2)."""
+    found = glob.glob("/root/.pyenv/versions/3.[5-9].*/bin/python3") + \
+        [p for p in ("/usr/bin/python2",) if os.path.exists(p)]
+    if not found:
+        pytest.skip("no Python outside 3.10-3.13 on this machine (the development machines "
+                    "have pyenv's 3.6-3.9)")
+    return found[0]
+
+
+def test_an_unsupported_python_is_refused_in_one_line_before_anything_is_installed(tmp_path):
+    repo = setup_copy(tmp_path)
+    python = unsupported_python()
+    r = run_setup(repo, tools_only(tmp_path, "dirname"), PYTHON=python)
+    one_error_line(r, f"error: PYTHON={python} is Python 3.")
+    assert "setup supports Python 3.10 to 3.13" in r.stderr
+    assert not (repo / ".venv").exists()
+
+
+def test_no_python_on_path_names_the_supported_range(tmp_path):
+    repo = setup_copy(tmp_path)
+    r = run_setup(repo, tools_only(tmp_path, "dirname"))
+    one_error_line(r, "error: no Python 3.10 to 3.13 found (python3.13 .. python3.10 on PATH)")
+    assert not (repo / ".venv").exists()
+
+
+def test_the_newest_supported_python_on_path_is_chosen(tmp_path):
+    """Every python3.1x on this PATH that runs, the newest first; a pyenv shim of a Python
+    that is not installed is on PATH but does not run, and is passed over."""
+    script = ("set -e; source <(sed -n '/^supported_version()/,/^}/p;/^choose_python()/,/^}/p' "
+              "scripts/setup.sh); SUPPORTED='Python 3.10 to 3.13'; choose_python")
+    r = subprocess.run([shutil.which("bash"), "-c", script], cwd=REPO, capture_output=True,
+                       text=True, env={k: v for k, v in os.environ.items() if k != "PYTHON"})
+    runnable = [p for p in ("python3.13", "python3.12", "python3.11", "python3.10")
+                if shutil.which(p) and subprocess.run([p, "-c", ""], capture_output=True)
+                .returncode == 0]
+    assert r.returncode == 0 and r.stdout.strip() == runnable[0], r.stderr
+
+
+def test_a_patch_that_does_not_apply_stops_setup_in_one_line(tmp_path):
+    """Another Horovod's source (here: 0.28.1's with one patch already in it) is refused by
+    the patch, not built half-patched."""
+    repo = setup_copy(tmp_path)
+    src = repo / ".venv" / "horovod-src"
+    script = ("set -e; source <(sed -n '/^patched_horovod_source()/,/^}/p' scripts/setup.sh); "
+              "HOROVOD_VERSION=0.28.1; PATCHES=scripts/patches/horovod-0.28.1; "
+              "patched_horovod_source")
+    # The same sdist setup downloads (pip's cache keeps it), then the first patch applied twice.
+    shutil.copy(os.path.join(REPO, "scripts", "patches", "horovod-0.28.1",
+                             "01-common-stdexcept.patch"),
+                repo / "scripts" / "patches" / "horovod-0.28.1" / "06-again.patch")
+    os.makedirs(repo / ".venv" / "bin")
+    os.symlink(os.path.join(REPO, ".venv", "bin", "python"), repo / ".venv" / "bin" / "python")
+    r = subprocess.run([shutil.which("bash"), "-c", script], cwd=repo, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: scripts/patches/horovod-0.28.1/06-again.patch does not apply to "
+                      "horovod 0.28.1's source in .venv/horovod-src/horovod-0.28.1; the "
+                      "patches are made for that version (scripts/patches/)"], r.stderr
+    assert (src / "horovod-0.28.1" / "horovod" / "common" / "common.h").exists()
 
 
 def test_gpu_mode_without_nvcc_says_what_to_install_and_changes_nothing(tmp_path):
-    bin_dir = tmp_path / "bin"  # the tools the script needs before its check, and no nvcc
-    bin_dir.mkdir()
-    for tool in ("dirname", "sed"):
-        os.symlink(shutil.which(tool), bin_dir / tool)
     before = venv_state()
-    r = gpu_setup(str(bin_dir))
-    assert r.returncode == 1 and not r.stdout, r.stdout + r.stderr
-    assert r.stderr.startswith("error: GPU=1 needs nvcc, the CUDA compiler of a CUDA 12.x toolkit")
-    assert len(r.stderr.strip().splitlines()) == 1
+    r = run_setup(REPO, tools_only(tmp_path, "dirname", "sed"), GPU="1")
+    one_error_line(r, "error: GPU=1 needs nvcc, the CUDA compiler of a CUDA 12.x toolkit")
     assert venv_state() == before
 
 
@@ -39,10 +121,9 @@ def test_gpu_mode_refuses_an_nvcc_of_another_cuda_version():
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout \
         if nvcc else ""
     if not nvcc or "release 12." in version:
-        import pytest
         pytest.skip(f"this machine's nvcc is {'absent' if not nvcc else 'CUDA 12'}; the check "
                     "runs where a CUDA 13 nvcc is installed (the development machines)")
     before = venv_state()
-    r = gpu_setup(os.environ["PATH"])
-    assert r.returncode == 1 and "TensorFlow 2.15 is built for CUDA 12.2" in r.stderr, r.stderr
+    r = run_setup(REPO, os.environ["PATH"], GPU="1")
+    assert r.returncode == 1 and "TensorFlow 2.21 is built for CUDA 12" in r.stderr, r.stderr
     assert venv_state() == before

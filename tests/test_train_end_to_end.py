@@ -19,6 +19,7 @@ def unigram_perplexity(train_ids, eval_ids):
     return math.exp(nll)
 
 
+@pytest.mark.smoke
 def test_tiny_config_learns_and_logs_every_field(tmp_path, capsys):
     data = write_corpus(tmp_path / "data", patterned_sentences(2400, 0),
                         patterned_sentences(200, 1), patterned_sentences(200, 2))

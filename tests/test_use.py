@@ -130,6 +130,7 @@ def test_generation_is_reproducible_and_handles_unknown_words(trained):
         evaluate.generate(model, corpus.vocab, "the", 5, 0.0, seed=0)
 
 
+@pytest.mark.smoke
 def test_saved_model_runs_with_plain_tensorflow_and_no_repo(trained, tmp_path):
     data, run = trained
     export_dir = str(tmp_path / "export")
@@ -175,6 +176,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.smoke
 def test_tensorboard_serves_the_runs_scalars(trained):
     """README's `tensorboard --logdir runs`, for real: the server of this venv on loopback, its
     scalar tags and one series read through its HTTP API, checked against metrics.jsonl."""
