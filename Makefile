@@ -17,7 +17,7 @@ RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy peer reproduce reproduce-status
+.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy peer reproduce reproduce-status venv-tf2.15
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -40,7 +40,13 @@ data: setup
 	$(PY) -m data.ptb --data_path $(PTB_DATA_PATH)
 
 bench: setup data peer
-	$(PY) scripts/benchmark.py --data_path $(PTB_DATA_PATH)
+	$(PY) scripts/benchmark.py --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))
+
+# TensorFlow 2.15's stack (before 2.21) in .venv-tf2.15, Horovod built and patched as for .venv:
+# the benchmark's comparison, `make bench AGAINST=.venv-tf2.15/bin/python`.
+venv-tf2.15:
+	VENV=.venv-tf2.15 PYTHON=python3.11 REQUIREMENTS=scripts/requirements-tf2.15.txt \
+	    NO_DEPS_REQUIREMENTS= scripts/setup.sh
 
 bench-quick: setup data peer
 	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH)

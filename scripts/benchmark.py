@@ -368,6 +368,38 @@ def tune(args, launchers, steps=300, n_rounds=3):
     return summary
 
 
+AGAINST_ROWS = ("small_single_all_cores", "small_2ranks_1thread", "medium_single_all_cores")
+
+
+def this_stack():
+    import tensorflow as tf
+    return f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}"
+
+
+def other_stack(python):
+    """"TensorFlow X, Python Y" of another venv's interpreter, which must import Horovod too."""
+    probe = ("import sys, horovod.tensorflow, tensorflow as tf; "
+             "print(f'TensorFlow {tf.__version__}, Python {sys.version.split()[0]}')")
+    r = subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    if r.returncode:
+        raise SystemExit(f"error: --against {python} cannot import TensorFlow and Horovod "
+                         f"({(r.stderr.strip().splitlines() or ['no output'])[-1]}); make it "
+                         "with `make venv-tf2.15`")
+    return r.stdout.strip()
+
+
+def with_runs_against(runs, python, stack):
+    """The runs, each of AGAINST_ROWS followed by the same run with the other interpreter."""
+    out = {}
+    for name, (launcher, *rest) in runs.items():
+        out[name] = (launcher, *rest)
+        if name in AGAINST_ROWS:
+            out[f"{name} ({stack})"] = ([python if part == sys.executable else part
+                                         for part in launcher], *rest)
+    return out
+
+
 def write_result(result, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -387,6 +419,9 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
     p.add_argument("--peer_python", default=os.path.join(REPO, ".venv-peer", "bin", "python"),
                    help="interpreter with PyTorch for the peer rows ('' to leave them out)")
+    p.add_argument("--against", default="",
+                   help="another venv's interpreter (another TensorFlow, say: make venv-tf2.15): "
+                        "the trainer rows run by it too, in turns with ours, and their ratios")
     args = p.parse_args(argv)
     small = config.load_config("config_small")
     steps = (100, 40) if args.quick else (600, 100)  # (small, medium), at 10 steps a window
@@ -405,6 +440,7 @@ def main(argv=None):
         return None
 
     peer = find_peer(args.peer_python)
+    against = other_stack(args.against) if args.against else None
     gflops = matmul_gflops()
     reps = 9 if args.quick else 15
     n_rounds = 1 if args.quick else 3
@@ -434,8 +470,13 @@ def main(argv=None):
     if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
         runs["small_pytorch"] = ([peer, PEER_SCRIPT], "config_small", steps[0], (), 1)
         runs["medium_pytorch"] = ([peer, PEER_SCRIPT], "config_medium", steps[1], (), 1)
+    if against:
+        runs = with_runs_against(runs, args.against, against)
     rounds, summary = run_rounds(runs, n_rounds, args.data_path)
     result.update(summary)
+    if against:
+        result["against"] = {"stack": against, "ours": this_stack(), "ratios": {
+            name: median_ratio(rounds, name, f"{name} ({against})") for name in AGAINST_ROWS}}
     if peer:
         result["layer_vs_pytorch"] = layer_vs_peer(peer, n_rounds, reps)
         for size in ("small", "medium"):
@@ -487,6 +528,11 @@ def main(argv=None):
                      f"{r['valid_s, training layout']:.0f} s "
                      f"({100 * r['valid_share, training layout']:.1f} %) "
                      f"of {r['train_epoch_s']:.0f} s"))
+    if against:
+        for name, ratio in result["against"]["ratios"].items():
+            rows.append((f"{name}: {this_stack()} / {against}",
+                         f"{result[name]['wps']:,.0f} / {result[f'{name} ({against})']['wps']:,.0f}"
+                         f" wps: {ratio:.2f}x"))
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
     rows += [(f"fwd+bwd {name}", f"{ms:.1f} ms") for name, ms in ablation.items()]
     width = max(len(r[0]) for r in rows)

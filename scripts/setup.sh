@@ -15,6 +15,9 @@ HOROVOD_VERSION=0.28.1
 PATCHES=scripts/patches/horovod-$HOROVOD_VERSION
 SUPPORTED="Python 3.10 to 3.13"
 GPU=${GPU:-0}
+VENV=${VENV:-.venv}  # another folder for another stack (make venv-tf2.15)
+REQUIREMENTS=${REQUIREMENTS:-requirements.txt}
+NO_DEPS_REQUIREMENTS=${NO_DEPS_REQUIREMENTS-requirements-no-deps.txt}
 
 if [ "$GPU" = 1 ]; then
     # Horovod's CMake needs the CUDA compiler and headers, which the pip CUDA wheels lack.
@@ -73,10 +76,10 @@ choose_python() {
 
 # The Python first, so that an unsupported one is refused before anything is installed.
 python=""
-if [ -x .venv/bin/python ]; then
-    if [ -z "$(supported_version .venv/bin/python)" ]; then
-        echo "error: .venv's Python is not one of $SUPPORTED (an older setup's?); remove it" \
-             "(rm -rf .venv) and rerun" >&2
+if [ -x "$VENV/bin/python" ]; then
+    if [ -z "$(supported_version "$VENV/bin/python")" ]; then
+        echo "error: $VENV's Python is not one of $SUPPORTED (an older setup's?); remove it" \
+             "(rm -rf $VENV) and rerun" >&2
         exit 1
     fi
 else
@@ -100,34 +103,36 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ -n "$python" ]; then
-    if ! "$python" -m venv .venv; then
-        rm -rf .venv
+    if ! "$python" -m venv "$VENV"; then
+        rm -rf "$VENV"
         echo "error: $python cannot make a venv; install its venv module (Debian/Ubuntu:" \
              "apt-get install python3-venv, or python3.X-venv for $python) and rerun" >&2
         exit 1
     fi
 fi
-.venv/bin/python -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q --upgrade pip
 if [ "$GPU" = 1 ]; then
-    grep -v '^tensorflow-cpu' requirements.txt > .venv/requirements-gpu.txt
-    tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' requirements.txt)
-    .venv/bin/python -m pip install -q -r .venv/requirements-gpu.txt "tensorflow[and-cuda]==$tf_pin"
+    grep -v '^tensorflow-cpu' "$REQUIREMENTS" > "$VENV/requirements-gpu.txt"
+    tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$REQUIREMENTS")
+    "$VENV/bin/python" -m pip install -q -r "$VENV/requirements-gpu.txt" "tensorflow[and-cuda]==$tf_pin"
     gpu_build=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="${HOROVOD_NCCL_HOME:-/usr}")
     built='h.mpi_built() and h.nccl_built()'
 else
-    .venv/bin/python -m pip install -q -r requirements.txt
+    "$VENV/bin/python" -m pip install -q -r "$REQUIREMENTS"
     gpu_build=()
     built='h.mpi_built() and h.gloo_built()'
 fi
-.venv/bin/python -m pip install -q --no-deps -r requirements-no-deps.txt
+if [ -n "$NO_DEPS_REQUIREMENTS" ]; then
+    "$VENV/bin/python" -m pip install -q --no-deps -r "$NO_DEPS_REQUIREMENTS"
+fi
 
-# Horovod's sdist, unpacked and patched in .venv/horovod-src; each patch is first tried alone,
+# Horovod's sdist, unpacked and patched in $VENV/horovod-src; each patch is first tried alone,
 # so one that does not fit (another Horovod version) stops setup before anything is built.
 patched_horovod_source() {
-    local src=.venv/horovod-src tree
+    local src="$VENV/horovod-src" tree
     rm -rf "$src"
     mkdir -p "$src"
-    .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d "$src" \
+    "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: -d "$src" \
         "horovod==$HOROVOD_VERSION" >&2
     tar xzf "$src/horovod-$HOROVOD_VERSION.tar.gz" -C "$src"
     tree=$src/horovod-$HOROVOD_VERSION
@@ -144,7 +149,7 @@ patched_horovod_source() {
 
 # TF_USE_LEGACY_KERAS: the import check sees the Keras the trainers use (utils/__init__.py).
 check_horovod="import horovod.tensorflow as h; assert $built"
-if ! TF_USE_LEGACY_KERAS=1 .venv/bin/python -c "$check_horovod" 2>/dev/null; then
+if ! TF_USE_LEGACY_KERAS=1 "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
     [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
     tree=$(patched_horovod_source)
     echo "setup: building horovod==$HOROVOD_VERSION with $(ls "$PATCHES" | wc -l) patches" \
@@ -153,10 +158,10 @@ if ! TF_USE_LEGACY_KERAS=1 .venv/bin/python -c "$check_horovod" 2>/dev/null; the
     # which would fail at import (HorovodVersionMismatchError, horovod#2619).
     env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
-        .venv/bin/python -m pip install -q --no-build-isolation --no-cache-dir --no-deps \
+        "$VENV/bin/python" -m pip install -q --no-build-isolation --no-cache-dir --no-deps \
         --force-reinstall "$tree"
-    rm -rf .venv/horovod-src
+    rm -rf "$VENV/horovod-src"
 fi
-TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -c "import sys, horovod.tensorflow as h, tensorflow as tf; \
+TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -c "import sys, horovod.tensorflow as h, tensorflow as tf; \
 print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
       f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()})')"

@@ -90,8 +90,8 @@ def test_a_patch_that_does_not_apply_stops_setup_in_one_line(tmp_path):
     the patch, not built half-patched."""
     repo = setup_copy(tmp_path)
     src = repo / ".venv" / "horovod-src"
-    script = ("set -e; source <(sed -n '/^patched_horovod_source()/,/^}/p' scripts/setup.sh); "
-              "HOROVOD_VERSION=0.28.1; PATCHES=scripts/patches/horovod-0.28.1; "
+    script = ("set -eu; source <(sed -n '/^patched_horovod_source()/,/^}/p' scripts/setup.sh); "
+              "VENV=.venv; HOROVOD_VERSION=0.28.1; PATCHES=scripts/patches/horovod-0.28.1; "
               "patched_horovod_source")
     # The same sdist setup downloads (pip's cache keeps it), then the first patch applied twice.
     shutil.copy(os.path.join(REPO, "scripts", "patches", "horovod-0.28.1",
