@@ -66,6 +66,7 @@ command -v debootstrap >/dev/null || {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
 }
 stage "debootstrap --variant=minbase $SUITE into $ROOT"
+chmod 755 "$ROOT"  # mktemp's folder is 0700: no user of the root could reach its /
 debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$ROOT.debootstrap.log" 2>&1 || {
     tail -5 "$ROOT.debootstrap.log" >&2; fail "debootstrap failed (log: $ROOT.debootstrap.log)"; }
 rm -f "$ROOT.debootstrap.log"
