@@ -139,7 +139,8 @@ def test_saved_model_runs_with_plain_tensorflow_and_no_repo(trained, tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     probe = ("import json, sys, tensorflow as tf\n"
-             "assert not any('ptb' in p or p in ('', '.') for p in sys.path), sys.path\n"
+             "from importlib.util import find_spec\n"
+             "assert not find_spec('utils') and not find_spec('lm_ptb'), sys.path  # no repo\n"
              "m = tf.saved_model.load(sys.argv[1])\n"
              "out = m.signatures['serving_default'](words=tf.constant([['the', 'cat', 'sees']]))\n"
              "print(json.dumps({'p': out['probabilities'].numpy()[0].tolist(),\n"
