@@ -34,6 +34,7 @@ DATA=${PTB_DATA_PATH:-}
 [ -n "$DATA" ] && [ -f "$DATA/ptb.train.txt" ] || \
     fail "PTB_DATA_PATH must name a folder with ptb.{train,valid,test}.txt (got '${DATA}')"
 DATA=$(cd "$DATA" && pwd)
+[ ! -e "$ROOT" ] || [ -z "$(ls -A "$ROOT")" ] || { keep=1; fail "$ROOT is not empty; name a new folder"; }
 
 mounts=()  # every mount made under ROOT, undone in reverse order before ROOT is deleted
 bind() {  # bind <host path> <path inside ROOT> [ro]
@@ -66,6 +67,7 @@ command -v debootstrap >/dev/null || {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
 }
 stage "debootstrap --variant=minbase $SUITE into $ROOT"
+mkdir -p "$ROOT"
 chmod 755 "$ROOT"  # mktemp's folder is 0700: no user of the root could reach its /
 debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$ROOT.debootstrap.log" 2>&1 || {
     tail -5 "$ROOT.debootstrap.log" >&2; fail "debootstrap failed (log: $ROOT.debootstrap.log)"; }
