@@ -49,7 +49,7 @@ venv-tf2.15:
 	    NO_DEPS_REQUIREMENTS= scripts/setup.sh
 
 bench-quick: setup data peer
-	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH)
+	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))
 
 # PyTorch CPU for the benchmark's peer rows, in a venv of its own; if it cannot be installed,
 # the benchmark says so in one line and prints the rest.
