@@ -41,3 +41,17 @@ def test_world_sizes_only_when_asked_and_nothing_to_rebuild_once_the_epoch_has_i
                                   {"event": "test", "epoch": 3, "world_size": 2}])
     assert RunLog(str(tmp_path), "config_tiny", CFG, 2).resume(Position(1), world_sizes=True) is None
     assert [e["event"] for e in read_log(tmp_path)] == ["progress", "progress", "epoch"]
+
+
+def test_a_tensorflow_write_error_is_told_without_the_ops_names():
+    import tensorflow as tf
+    from utils.logs import os_reason
+    try:
+        tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=["/nonexistent/a"],
+                                      destination_prefix="/nonexistent/b")
+    except tf.errors.OpError as e:
+        error = e
+    assert "{{function_node" in error.message and "[Op:MergeV2Checkpoints]" in error.message
+    reason = os_reason(error)
+    assert "/nonexistent/a not found" in reason and reason.endswith("not found"), reason
+    assert "{{" not in reason and "function_node" not in reason and "[Op:" not in reason

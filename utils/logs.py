@@ -1,6 +1,7 @@
 """One greppable log format for both trainers, metrics.jsonl, and the error exit."""
 import json
 import os
+import re
 import resource
 import statistics
 import time
@@ -21,10 +22,14 @@ def first_line(error, limit=200):
 
 
 def os_reason(error):
-    """The OS's words for a failed write, from an OSError or a TensorFlow op error."""
+    """The OS's words for a failed write and its path, from an OSError or a TensorFlow op
+    error, whose message wraps them in the op's names: "{{function_node __wrapped__SaveV2...}}
+    PATH; No space left on device [Op:SaveV2]" gives "PATH; No space left on device"."""
     if isinstance(error, OSError):
         return f"{error.strerror or error}: {error.filename}" if error.filename else str(error)
-    return first_line(getattr(error, "message", error), 300)
+    message = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "",
+                     str(getattr(error, "message", error)))
+    return first_line(message, 300)
 
 
 def format_duration(seconds):
