@@ -147,9 +147,9 @@ patched_horovod_source() {
     echo "$tree"
 }
 
-# TF_USE_LEGACY_KERAS: the import check sees the Keras the trainers use (utils/__init__.py).
-check_horovod="import horovod.tensorflow as h; assert $built"
-if ! TF_USE_LEGACY_KERAS=1 "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
+# utils first: the import check sees the Keras the trainers use (utils/__init__.py).
+check_horovod="import utils, horovod.tensorflow as h; assert $built"
+if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
     [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
     tree=$(patched_horovod_source)
     echo "setup: building horovod==$HOROVOD_VERSION with $(ls "$PATCHES" | wc -l) patches" \
@@ -162,6 +162,6 @@ if ! TF_USE_LEGACY_KERAS=1 "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; t
         --force-reinstall "$tree"
     rm -rf "$VENV/horovod-src"
 fi
-TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -c "import sys, horovod.tensorflow as h, tensorflow as tf; \
+"$VENV/bin/python" -c "import sys, utils, horovod.tensorflow as h, tensorflow as tf; \
 print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
       f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()})')"

@@ -28,8 +28,8 @@ def make_optimizer(cfg):
     # distributed update equals the single-process update.
     if tf.keras.__name__.startswith("keras._tf_keras"):  # Keras 3 (2.15: keras.api._v2)
         raise TrainingError("tf.keras is Keras 3: TensorFlow was imported before utils, which "
-                            "selects Keras 2 (TF_USE_LEGACY_KERAS=1); import utils first, or "
-                            "set TF_USE_LEGACY_KERAS=1 before starting Python")
+                            "selects Keras 2 (TF_USE_LEGACY_KERAS=1), or tf-keras is not "
+                            "installed; import utils first, and install requirements-no-deps.txt")
     return tf.keras.optimizers.legacy.SGD(learning_rate=cfg["learning_rate"],
                                           global_clipnorm=cfg["max_grad_norm"])
 
