@@ -171,3 +171,17 @@ def test_resume_inside_an_epoch_with_2_or_4_ranks_gives_the_2_rank_losses(ptb_pa
     for resumed in (split, four):
         assert losses(resumed, 1) == pytest.approx(losses(whole, 1), rel=1e-5)
     assert events(four, "progress")[-1]["world_size"] == 4
+
+
+@pytest.mark.parametrize("ranks", [0, 2], ids=["one process", "2 ranks"])
+def test_a_new_run_saves_inside_its_first_epoch_before_its_first_log_line(ranks, corpus,
+                                                                         tmp_path):
+    """checkpoint_every=3 with --log_every 10: the first save comes before anything is logged,
+    so before anything else has made the run's folder."""
+    out = tmp_path / "new" / "run"
+    run(ranks, ["--config", TINY, "--data_path", corpus, "--output_dir", str(out),
+                "--set", "checkpoint_every=3", "--set", "steps_per_epoch=8",
+                "--set", "num_epochs=1", "--set", "eval_steps=1", "--log_every", "10"])
+    saved = sorted(os.listdir(out / "checkpoints" / "steps"))
+    assert any(name.startswith("ckpt-6.") for name in saved), saved
+    assert [e["epoch"] for e in events(out, "epoch")] == [1]

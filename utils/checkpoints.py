@@ -77,6 +77,9 @@ class Checkpoints:
             raise ConfigError(f"--output_dir {self.output_dir} holds an earlier run "
                               f"({', '.join(os.path.basename(p) for p in earlier)}); pass --resume "
                               "to continue it, or choose another --output_dir")
+        # The run's folder from here on: a save inside the first epoch may come before the
+        # first line of the log, which used to make the folder.
+        os.makedirs(self.output_dir, exist_ok=True)
         return Position(0)
 
     def save(self, epochs_done):
