@@ -114,9 +114,11 @@ class Checkpoints:
                 kept = self.manager.latest_checkpoint
                 kept = (f"the newest complete checkpoint, {kept}, is kept" if kept else
                         "no earlier checkpoint exists")
-                raise OutputError(f"cannot write {what} in {self.folder} "
-                                  f"({os_reason(e)}); {kept}; free space (or make the folder "
-                                  "writable), then rerun with --resume") from None
+                reason = os_reason(e)
+                fix = ("free space" if "space" in reason or "quota" in reason.lower() else
+                       "make sure the folder exists and is writable")
+                raise OutputError(f"cannot write {what} in {self.folder} ({reason}); {kept}; "
+                                  f"{fix}, then rerun with --resume") from None
 
     def _remove_partial(self):
         """Drop temp files of a save that a SIGKILL interrupted (never the pointer's target)."""
