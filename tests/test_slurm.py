@@ -33,14 +33,17 @@ def wait_for_checkpoint_then_more(run_dir, cluster, job, epoch, timeout=180):
     pytest.fail(f"epoch {epoch} did not finish in {timeout} s")
 
 
-def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(cluster, corpus,
+def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(cluster, ptb_path,
                                                                            tmp_path):
     out = str(tmp_path / "run")
     job_log = str(tmp_path / "job.out")
-    env = dict(cluster.env, CONFIG=TINY, PTB_DATA_PATH=corpus, OUTPUT_DIR=out,
+    env = dict(cluster.env, CONFIG=TINY, PTB_DATA_PATH=ptb_path, OUTPUT_DIR=out,
                PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    # Epochs of 600 steps (real PTB): the TERM sent a few steps into epoch 2 must land in it.
+    # On the 60-step epochs of the small test corpus a loaded machine once let epoch 2 end first.
     r = cluster.run("sbatch", "--parsable", "-n", "2", f"--output={job_log}",
                     "launch/slurm.sbatch", "--log_every", "5", "--set", "num_epochs=3",
+                    "--set", "steps_per_epoch=600", "--set", "eval_steps=10",
                     cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
