@@ -23,7 +23,6 @@ TESTS=${FRESH_TESTS:--m smoke}
 USER_NAME=ptb
 keep=0
 if [ "${1:-}" = --keep ]; then keep=1; shift; fi
-ROOT=${1:-$(mktemp -d /tmp/ptb-fresh-XXXXXX)}
 START=$(date +%s)
 
 fail() { echo "error: $*" >&2; exit 1; }
@@ -34,6 +33,7 @@ DATA=${PTB_DATA_PATH:-}
 [ -n "$DATA" ] && [ -f "$DATA/ptb.train.txt" ] || \
     fail "PTB_DATA_PATH must name a folder with ptb.{train,valid,test}.txt (got '${DATA}')"
 DATA=$(cd "$DATA" && pwd)
+ROOT=${1:-$(mktemp -d /tmp/ptb-fresh-XXXXXX)}  # made after the checks: a refusal leaves nothing
 [ ! -e "$ROOT" ] || [ -z "$(ls -A "$ROOT")" ] || { keep=1; fail "$ROOT is not empty; name a new folder"; }
 
 mounts=()  # every mount made under ROOT, undone in reverse order before ROOT is deleted

@@ -127,3 +127,14 @@ def test_gpu_mode_refuses_an_nvcc_of_another_cuda_version():
     r = run_setup(REPO, os.environ["PATH"], GPU="1")
     assert r.returncode == 1 and "TensorFlow 2.21 is built for CUDA 12" in r.stderr, r.stderr
     assert venv_state() == before
+
+
+def test_the_fresh_machine_check_refuses_missing_data_in_one_line_and_leaves_nothing(tmp_path):
+    """scripts/fresh_machine.sh (CI's Debian 13 check) before it makes its root."""
+    before = set(glob.glob("/tmp/ptb-fresh-*"))
+    r = subprocess.run([shutil.which("bash"), os.path.join(REPO, "scripts", "fresh_machine.sh")],
+                       capture_output=True, text=True, timeout=60,
+                       env={"PATH": os.environ["PATH"], "PTB_DATA_PATH": str(tmp_path)})
+    one_error_line(r, "error: PTB_DATA_PATH must name" if os.geteuid() == 0 else
+                   "error: fresh_machine.sh needs root")
+    assert set(glob.glob("/tmp/ptb-fresh-*")) == before
