@@ -23,7 +23,7 @@ from utils.checkpoints import Checkpoints
 from utils.model import build
 from utils import training
 from utils.watchdog import Watchdog, chief_work_allowance
-# After utils, which sets TensorFlow's environment (Keras 2) before TensorFlow is imported.
+# Horovod 3: imported after utils, which selects Keras 2, whose optimizer Horovod averages in
 import horovod.tensorflow as hvd
 import tensorflow as tf
 

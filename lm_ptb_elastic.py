@@ -16,7 +16,7 @@ from utils.checkpoints import Checkpoints, Position
 from utils.model import build
 from utils import training
 from utils.watchdog import Watchdog
-# After utils, which sets TensorFlow's environment (Keras 2) before TensorFlow is imported.
+# Horovod 3: imported after utils, which selects Keras 2, whose optimizer Horovod averages in
 import horovod.tensorflow as hvd
 from lm_ptb_distributed import (  # Elastic 0: its Horovod steps, unchanged
     average_over_ranks, check_ranks_agree, gather_rows_and_save, own_rows, parameter_averaging,

@@ -24,7 +24,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from utils import config  # noqa: E402
+from utils import child_env, config  # noqa: E402
 from utils.config import DEFAULT_DATA_PATH  # noqa: E402
 from scripts.record_env import cpu_model  # noqa: E402
 
@@ -278,8 +278,8 @@ def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), co
         cmds = [[*launcher, "--config", config_name, "--data_path", data_path, "--output_dir", out,
                  "--set", f"steps_per_epoch={steps}", "--set", "num_epochs=1",
                  "--set", "eval_steps=1", "--log_every", str(log_every), *extra] for out in outs]
-        procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                 for cmd in cmds]
+        procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=child_env()) for cmd in cmds]
         for cmd, proc in zip(cmds, procs):
             stderr = proc.communicate()[1]
             if proc.returncode:
@@ -381,7 +381,7 @@ def other_stack(python):
     probe = ("import sys, horovod.tensorflow, tensorflow as tf; "
              "print(f'TensorFlow {tf.__version__}, Python {sys.version.split()[0]}')")
     r = subprocess.run([python, "-c", probe], capture_output=True, text=True,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                       env=child_env(TF_CPP_MIN_LOG_LEVEL="3"))
     if r.returncode:
         raise SystemExit(f"error: --against {python} cannot import TensorFlow and Horovod "
                          f"({(r.stderr.strip().splitlines() or ['no output'])[-1]}); make it "
@@ -530,7 +530,7 @@ def main(argv=None):
                      f"of {r['train_epoch_s']:.0f} s"))
     if against:
         for name, ratio in result["against"]["ratios"].items():
-            rows.append((f"{name}: {this_stack()} / {against}",
+            rows.append((f"{name}: {result['against']['ours']} / {against}",
                          f"{result[name]['wps']:,.0f} / {result[f'{name} ({against})']['wps']:,.0f}"
                          f" wps: {ratio:.2f}x"))
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]

@@ -34,7 +34,7 @@ DATA=${PTB_DATA_PATH:-}
     fail "PTB_DATA_PATH must name a folder with ptb.{train,valid,test}.txt (got '${DATA}')"
 DATA=$(cd "$DATA" && pwd)
 ROOT=${1:-$(mktemp -d /tmp/ptb-fresh-XXXXXX)}  # made after the checks: a refusal leaves nothing
-[ ! -e "$ROOT" ] || [ -z "$(ls -A "$ROOT")" ] || { keep=1; fail "$ROOT is not empty; name a new folder"; }
+[ ! -e "$ROOT" ] || [ -z "$(ls -A "$ROOT")" ] || fail "$ROOT is not empty; name a new folder"
 
 mounts=()  # every mount made under ROOT, undone in reverse order before ROOT is deleted
 bind() {  # bind <host path> <path inside ROOT> [ro]
@@ -104,8 +104,6 @@ while IFS='=' read -r name value; do
     pip_env+=("$name=$value")
     for token in $value; do carry_path "$token"; done
 done < <(env | grep '^PIP_' || true)
-CA=/etc/ssl/certs/ca-certificates.crt
-[ -f "$CA" ] && carry_path "$CA"
 
 in_root() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive "$@"; }
@@ -113,7 +111,8 @@ in_root() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/
 stage "apt-get install git make python3 python3-venv sudo (the user's own step)"
 in_root apt-get update -q >/dev/null
 in_root apt-get install -y -q git make python3 python3-venv sudo ca-certificates >/dev/null
-[ -f "$CA" ] && carry_path "$CA"  # ca-certificates made its own bundle; this host's one wins
+CA=/etc/ssl/certs/ca-certificates.crt  # this host's bundle over the one ca-certificates made
+[ -f "$CA" ] && carry_path "$CA"
 in_root useradd -m -s /bin/bash "$USER_NAME"
 echo "$USER_NAME ALL=(ALL) NOPASSWD:ALL" >"$ROOT/etc/sudoers.d/$USER_NAME"
 chmod 440 "$ROOT/etc/sudoers.d/$USER_NAME"

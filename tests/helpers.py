@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+from utils import child_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "config_tiny.py")  # a model that trains in seconds
 IS_ROOT = os.geteuid() == 0
@@ -12,8 +14,7 @@ IS_ROOT = os.geteuid() == 0
 def script_env(extra=None):
     """This process's environment for a script, without TF_USE_LEGACY_KERAS (conftest's import
     of utils set it here): each script must select Keras 2 itself, as it does for a user."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    return dict(env, PYTHONUNBUFFERED="1", **(extra or {}))
+    return child_env(PYTHONUNBUFFERED="1", **(extra or {}))
 
 
 def run_script(args, timeout=120, env=None):

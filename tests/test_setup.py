@@ -103,7 +103,7 @@ def test_a_patch_that_does_not_apply_stops_setup_in_one_line(tmp_path):
                        text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: scripts/patches/horovod-0.28.1/06-again.patch does not apply to "
+    assert errors == ["error: scripts/patches/horovod-0.28.1/06-again.patch does not apply to "
                       "horovod 0.28.1's source in .venv/horovod-src/horovod-0.28.1; the "
                       "patches are made for that version (scripts/patches/)"], r.stderr
     assert (src / "horovod-0.28.1" / "horovod" / "common" / "common.h").exists()

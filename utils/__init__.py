@@ -14,3 +14,10 @@ import os
 if importlib.util.find_spec("tf_keras"):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
+
+
+def child_env(**extra):
+    """This process's environment for a child Python, without TF_USE_LEGACY_KERAS: the child may
+    be another venv (TensorFlow 2.15 fails with it), and its own utils sets it where it belongs."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    return dict(env, **extra)
