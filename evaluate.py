@@ -2,9 +2,11 @@
 
 Works on the checkpoints of either trainer and never imports Horovod, so a model trained on a
 cluster runs anywhere plain TensorFlow does. The run's config is read from its metrics.jsonl
-and the vocabulary from its vocab.txt (checked against --data_path's). Perplexity scores the
-whole test set unless --eval_steps says otherwise, whatever the training run used;
---split valid and --batch_size / --num_steps score the valid set or another window layout.
+and the vocabulary from its vocab.txt, so generate and export need only the run. Perplexity
+reads the split from --data_path, else from the folder the run trained on (its data_path.txt),
+else $PTB_DATA_PATH; it scores the whole test set unless --eval_steps says otherwise, whatever
+the training run used; --split valid and --batch_size / --num_steps score the valid set or
+another window layout.
 
     python evaluate.py perplexity --run runs/config_small-np2
     python evaluate.py generate --run runs/config_small-np2 --prompt "the company said" \\
@@ -18,7 +20,7 @@ import sys
 
 from data import ptb
 from utils import cli, training
-from utils.checkpoints import VOCAB_FILE
+from utils.checkpoints import DATA_PATH_FILE, VOCAB_FILE
 from utils.config import DEFAULT_DATA_PATH, ConfigError
 from utils.logs import first_line
 from utils.model import build
@@ -34,7 +36,9 @@ def parse_args(argv):
                             ("export", "write a SavedModel of next-word probabilities")):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--run", required=True, help="the trainer's --output_dir")
-        s.add_argument("--data_path", default=DEFAULT_DATA_PATH)
+        s.add_argument("--data_path", default=None, help=(
+            "the PTB folder (default: the run's, then $PTB_DATA_PATH)" if name == "perplexity"
+            else "the PTB folder, for a run without vocab.txt only"))
         if name == "perplexity":
             s.add_argument("--split", choices=("test", "valid"), default="test")
             s.add_argument("--eval_steps", type=int, default=None,
@@ -69,6 +73,33 @@ def run_config(run_dir):
                           "--output_dir of a training run") from None
     cfg.pop("name", None)
     return cfg
+
+
+def corpus_path(run_dir, given):
+    """The PTB folder to read: --data_path, else the one the run trained on, else the default
+    ($PTB_DATA_PATH or data/ptb); the first that holds the three files."""
+    if given:
+        return given
+    recorded = os.path.join(run_dir, DATA_PATH_FILE)
+    candidates = [(DEFAULT_DATA_PATH, "PTB_DATA_PATH" if os.environ.get("PTB_DATA_PATH")
+                   else "the default")]
+    if os.path.exists(recorded):
+        with open(recorded, encoding="utf-8") as f:
+            candidates.insert(0, (f.read().strip(), f"the run's {DATA_PATH_FILE}"))
+    for path, _ in candidates:
+        if not ptb.missing_files(path):
+            return path
+    tried = ", ".join(f"{path} ({origin})" for path, origin in candidates)
+    raise ConfigError(f"no PTB files in {tried}; pass --data_path, the folder of "
+                      f"{', '.join(ptb.FILES)}")
+
+
+def saved_vocab(run_dir, data_path):
+    """The run's vocabulary without its corpus: vocab.txt; runs from before it: the data's."""
+    path = os.path.join(run_dir, VOCAB_FILE)
+    if os.path.exists(path):
+        return ptb.read_vocab(path)
+    return ptb.load_corpus(corpus_path(run_dir, data_path)).vocab
 
 
 def run_vocab(run_dir, corpus):
@@ -155,8 +186,11 @@ class NextWordModel(tf.Module):
 def main(argv=None):
     args = parse_args(argv)
     cfg = run_config(args.run)
-    corpus = ptb.load_corpus(args.data_path)
-    vocab = run_vocab(args.run, corpus)
+    if args.command == "perplexity":
+        corpus = ptb.load_corpus(corpus_path(args.run, args.data_path))
+        vocab = run_vocab(args.run, corpus)
+    else:
+        vocab = saved_vocab(args.run, args.data_path)
     model = load_model(args.run, cfg, len(vocab))
     if args.command == "perplexity":
         batch = cfg["eval_batch_size"] if args.batch_size is None else args.batch_size

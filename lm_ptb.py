@@ -39,7 +39,7 @@ def main(argv=None):
     train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                           args.seed)
     eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab,
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
                               model.zero_state(cfg["batch_size"]))
     position = checkpoints.start(args.resume) if is_chief else None
 

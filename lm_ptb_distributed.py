@@ -181,7 +181,7 @@ def main(argv=None):
     train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                           args.seed, hvd.rank())  # Horovod 4: own dropout masks
     eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab,
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
                               model.zero_state(cfg["batch_size"]))
     position = checkpoints.start(args.resume) if is_chief else None
     position = hvd.broadcast_object(position, root_rank=0)  # Horovod 4: resume together

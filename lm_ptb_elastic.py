@@ -79,7 +79,7 @@ def main(argv=None):
             optimizer, sparse_as_dense=cfg["sparse_as_dense"],
             compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
     eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus.vocab,
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
                               model.zero_state(cfg["batch_size"]))
     # Elastic 2: only rank 0 reads the checkpoint; the state's first sync hands it to the others
     position = checkpoints.start(args.resume) if is_chief else Position(0)

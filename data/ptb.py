@@ -28,7 +28,7 @@ class DataError(Exception):
     """Bad or missing data; the message says what is wrong and how to fix it."""
 
 
-Corpus = collections.namedtuple("Corpus", "train valid test vocab")
+Corpus = collections.namedtuple("Corpus", "train valid test vocab path")  # path: its folder
 
 
 # --- download -------------------------------------------------------------------------------
@@ -184,14 +184,18 @@ def load_corpus(data_path):
         if not words:
             raise DataError(f"{p} is empty; replace it with the real PTB file")
         splits.append(to_ids(words, vocab, p))
-    return Corpus(*splits, vocab)
+    return Corpus(*splits, vocab, os.path.abspath(data_path))
+
+
+def write_whole(path, text):
+    """The file with this text, or as it was: never half written."""
+    tmp, final = _write_via_temp(os.path.dirname(path), os.path.basename(path), text.encode())
+    os.replace(tmp, final)
 
 
 def write_vocab(path, vocab):
-    """One word a line, in id order; written whole or not at all."""
-    tmp, final = _write_via_temp(os.path.dirname(path), os.path.basename(path),
-                                 "".join(w + "\n" for w in sorted(vocab, key=vocab.get)).encode())
-    os.replace(tmp, final)
+    """One word a line, in id order."""
+    write_whole(path, "".join(w + "\n" for w in sorted(vocab, key=vocab.get)))
 
 
 def read_vocab(path):

@@ -4,10 +4,12 @@ each (a bounded variant: fewer steps, the tiny config); NOT_HERE lists, by name,
 that need what this machine lacks."""
 import os
 import re
+import shlex
 import subprocess
+import sys
 
 
-from tests.helpers import REPO, TINY
+from tests.helpers import REPO, TINY, script_env
 
 COVERED = {
     "make train": "tests/test_readme_commands.py::test_make_train_and_single_bounded",
@@ -23,11 +25,11 @@ COVERED = {
     "horovodrun -np 2 -H localhost:2 python lm_ptb_distributed.py --config config_small":
         "tests/test_distributed.py::test_horovodrun_gloo_on_one_host",
     "python evaluate.py perplexity --run runs/config_small-np2":
-        "tests/test_use.py::test_perplexity_in_a_process_where_horovod_cannot_be_imported",
+        "tests/test_readme_commands.py::test_make_train_and_single_bounded",
     "python evaluate.py generate --run runs/config_small-np2 --prompt \"the company said\" "
-    "--length 30": "tests/test_use.py::test_generation_is_reproducible_and_handles_unknown_words",
+    "--length 30": "tests/test_readme_commands.py::test_make_train_and_single_bounded",
     "python evaluate.py export --run runs/config_small-np2 --export_dir exported/small":
-        "tests/test_use.py::test_saved_model_runs_with_plain_tensorflow_and_no_repo",
+        "tests/test_readme_commands.py::test_make_train_and_single_bounded",
     "tensorboard --logdir runs": "tests/test_use.py::test_tensorboard_serves_the_runs_scalars",
     "horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh "
     "python lm_ptb_elastic.py --config config_small":
@@ -69,7 +71,8 @@ def test_every_readme_command_is_run_by_a_named_test():
 
 
 def test_make_train_and_single_bounded(ptb_path, tmp_path):
-    """README's quick start, bounded: `make train` with the data variable and the tiny config."""
+    """README's quick start, bounded: `make train` with the data variable and the tiny config;
+    then README's evaluate.py commands as written, in a shell without the variable."""
     env = dict(os.environ, PTB_DATA_PATH=ptb_path)
     args = ["RUNS=" + str(tmp_path), f"CONFIG={TINY}",
             "ARGS=--set num_epochs=1 --set steps_per_epoch=5 --set eval_steps=2"]
@@ -79,3 +82,12 @@ def test_make_train_and_single_bounded(ptb_path, tmp_path):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert "[ptb] test ppl" in r.stdout
         assert os.path.exists(os.path.join(tmp_path, folder, "checkpoints", "checkpoint"))
+    run = os.path.join(tmp_path, "config_tiny-np2")
+    without = {k: v for k, v in script_env().items() if k != "PTB_DATA_PATH"}
+    for command in [c for c in readme_commands() if c.startswith("python evaluate.py")]:
+        args = [a.replace("runs/config_small-np2", run).replace("exported/", f"{tmp_path}/")
+                for a in shlex.split(command)[1:]]
+        r = subprocess.run([sys.executable, *args], cwd=REPO, env=without, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout.strip(), f"{command}\n{r.stdout}{r.stderr}"
+    assert os.path.exists(os.path.join(tmp_path, "small", "saved_model.pb"))

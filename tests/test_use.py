@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import evaluate
 from data import ptb
-from tests.helpers import REPO, TINY, mpirun, patterned_sentences, write_corpus
+from tests.helpers import REPO, TINY, mpirun, patterned_sentences, script_env, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,43 @@ def test_the_run_keeps_its_vocabulary_and_evaluate_checks_it(trained, tmp_path):
         pytest.fail("the other corpus should have another vocabulary")
     r = evaluate_copy(trained, tmp_path, data=other)
     assert r.returncode == 2 and "gives another vocabulary than the run's" in r.stderr, r.stderr
+
+
+def test_without_data_path_perplexity_finds_the_corpus_and_says_where_it_looked(trained,
+                                                                              tmp_path):
+    """The run records its corpus folder; moved away, PTB_DATA_PATH is next, then one line.
+    generate and export need no corpus at all."""
+    import shutil
+    data, run = trained
+    assert open(os.path.join(run, "data_path.txt")).read() == os.path.abspath(data) + "\n"
+    copy, corpus = tmp_path / "run", tmp_path / "corpus"
+    shutil.copytree(run, copy)
+    shutil.copytree(data, corpus)
+    (copy / "data_path.txt").write_text(f"{corpus}\n")
+    env = {k: v for k, v in script_env().items() if k != "PTB_DATA_PATH"}
+
+    def evaluate_cli(*args, **extra_env):
+        return subprocess.run([sys.executable, "evaluate.py", *args, "--run", str(copy)],
+                              cwd=REPO, env=dict(env, **extra_env), capture_output=True,
+                              text=True, timeout=120)
+
+    reported = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))][-1]
+    r = evaluate_cli("perplexity")
+    assert r.returncode == 0 and r.stdout.startswith(f"test ppl {reported['test_ppl']:.2f} | ")
+    corpus.rename(tmp_path / "moved")
+    for args in (["generate", "--length", "3"],
+                 ["export", "--export_dir", str(tmp_path / "export")]):
+        r = evaluate_cli(*args)
+        assert r.returncode == 0 and r.stdout.strip(), r.stdout + r.stderr
+    (tmp_path / "empty").mkdir()
+    r = evaluate_cli("perplexity", PTB_DATA_PATH=str(tmp_path / "empty"))
+    assert r.returncode == 2 and not r.stdout, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: no PTB files in {corpus} (the run's data_path.txt), {tmp_path / 'empty'} "
+        "(PTB_DATA_PATH); pass --data_path, the folder of ptb.train.txt, ptb.valid.txt, "
+        "ptb.test.txt"]
+    r = evaluate_cli("perplexity", PTB_DATA_PATH=str(tmp_path / "moved"))
+    assert r.returncode == 0 and r.stdout.startswith(f"test ppl {reported['test_ppl']:.2f} | ")
 
 
 def test_generation_is_reproducible_and_handles_unknown_words(trained):

@@ -20,6 +20,7 @@ from utils.logs import OutputError, first_line, os_reason
 
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
+DATA_PATH_FILE = "data_path.txt"  # the corpus folder it last trained on, for evaluate.py
 IN_EPOCH = "steps"  # subfolder of the checkpoints saved inside an epoch
 
 
@@ -43,10 +44,12 @@ class _InEpoch(tf.Module):
 
 
 class Checkpoints:
-    def __init__(self, output_dir, model, optimizer, vocab, state_template, keep=3):
-        """state_template: the model's zero state for the global batch (its shapes)."""
+    def __init__(self, output_dir, model, optimizer, corpus, state_template, keep=3):
+        """corpus: a ptb.Corpus (its vocabulary and folder are kept with the run);
+        state_template: the model's zero state for the global batch (its shapes)."""
         self.output_dir = output_dir
-        self.vocab = vocab
+        self.vocab = corpus.vocab
+        self.data_path = corpus.path
         self.vocab_path = os.path.join(output_dir, VOCAB_FILE)
         self.optimizer = optimizer
         self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -70,7 +73,9 @@ class Checkpoints:
                 raise ConfigError(f"--resume: the vocabulary of --data_path differs from the "
                                   f"run's {self.vocab_path}; resume with the data it was "
                                   "trained on")
-            return self.restore_latest()
+            position = self.restore_latest()
+            self._record_data_path()  # the folder it trains on now, if the corpus moved
+            return position
         earlier = [p for p in (self.folder, os.path.join(self.output_dir, "metrics.jsonl"))
                    if os.path.exists(p)]
         if earlier:
@@ -80,7 +85,15 @@ class Checkpoints:
         # The run's folder from here on: a save inside the first epoch may come before the
         # first line of the log, which used to make the folder.
         os.makedirs(self.output_dir, exist_ok=True)
+        self._record_data_path()
         return Position(0)
+
+    def _record_data_path(self):
+        try:
+            ptb.write_whole(os.path.join(self.output_dir, DATA_PATH_FILE), self.data_path + "\n")
+        except OSError as e:
+            raise OutputError(f"cannot write in --output_dir {self.output_dir} ({os_reason(e)}); "
+                              "make sure the folder is writable, or choose another") from None
 
     def save(self, epochs_done):
         """The checkpoint of an epoch end, numbered by the epochs done."""
