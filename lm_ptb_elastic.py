@@ -8,11 +8,14 @@ README.md. `batch_size` stays the global batch, split anew among the workers aft
     horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh \
         python lm_ptb_elastic.py --config config_small
 """
+import os
+import socket
 import sys
 
 from data import ptb
 from utils import cli, config, logs
 from utils.checkpoints import Checkpoints, Position
+from utils.membership import Membership
 from utils.model import build
 from utils import training
 from utils.watchdog import Watchdog
@@ -90,6 +93,8 @@ def main(argv=None):
     if cfg["timeline"]:
         start_timeline(args.output_dir)  # Horovod 9
     watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), workers, args.output_dir)  # Horovod 10
+    # Elastic 8: who trained since the last start and how far, so a reset can say what changed
+    membership = Membership(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
 
     @hvd.elastic.run  # Elastic 3: after a lost or an added worker, again from the last commit
     def train(state):
@@ -105,6 +110,9 @@ def main(argv=None):
         log.enabled, log.world_size = is_chief, workers  # Elastic 4
         cli.report_stops(is_chief)  # Elastic 4
         watchdog.where = f"rank {hvd.rank()} of {workers}"  # Elastic 4
+        change = membership.start(hvd.allgather_object(membership.mine()), position)  # Elastic 8
+        if change:
+            log.reset(change)  # Elastic 8: one line and a reset event, from rank 0
         # Elastic 7: after a reset as after --resume, the log goes on from the commit (the
         # events past it dropped) with one line per epoch: if rank 0 was lost in a validation,
         # the new rank 0 logs that epoch now
@@ -122,7 +130,8 @@ def main(argv=None):
             stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
                                          log_every=args.log_every, workers=workers,
                                          average=average_over_ranks,  # Horovod 8
-                                         after_step=after_step,  # Horovod 3
+                                         after_step=membership.counting(
+                                             epoch, after_step),  # Horovod 3, Elastic 8
                                          watchdog=watchdog,  # Horovod 10
                                          resume_at=own_rows(position) if epoch == start_epoch
                                          else None,  # Horovod 5
@@ -130,6 +139,7 @@ def main(argv=None):
                                                               is_chief))  # Elastic 5
             step += stats["steps"]
             stats["world_sizes"], state.sizes = state.sizes, ()  # Elastic 6
+            stats["rolled_back"] = membership.epoch_done()  # Elastic 8
             state.position = Position(epoch + 1)  # Elastic 5: what a reset from now restores
             state.save()  # Elastic 5
             if is_chief:

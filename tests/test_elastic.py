@@ -124,6 +124,19 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
     assert epochs[0]["world_sizes"][:2] == [2, 1] and all(e["world_sizes"] for e in epochs)
     sizes = [n for e in epochs for n in e["world_sizes"]]
     assert 2 in sizes[sizes.index(1):], sizes  # grew back after shrinking
+    # each reset said what it did, in a line and an event of rank 0's
+    resets = events(out, "reset")
+    assert [(r["workers_before"], r["workers_after"], r["lost"], r["added"]) for r in resets][:2] \
+        == [(2, 1, ["127.0.0.1"], []), (1, 2, [], ["127.0.0.1"])], resets
+    lost, back = resets[:2]
+    assert lost["epoch"] == 1 and lost["step"] % 20 == 0 and back["rolled_back_steps"] == 0
+    assert lost["step"] + lost["rolled_back_steps"] >= 50, lost  # the survivor was past 50
+    n = lost["rolled_back_steps"]
+    line = " | ".join(["[ptb] reset | workers 2 → 1", "lost 127.0.0.1",
+                       *([f"{n} steps of 2 workers rolled back"] if n else []),
+                       f"again from epoch 1 step {lost['step']}"])
+    assert any(out_line.endswith(line) for out_line in output.splitlines()), (line, output)
+    assert epochs[0].get("rolled_back") == ([{"workers": 2, "steps": n}] if n else None)
     # progress is logged twice as often as committed: a reset drops the lines past its commit
     progress = [(e["epoch"], e["step"]) for e in events(out, "progress")]
     assert progress == sorted(set(progress)), progress
@@ -170,3 +183,30 @@ def test_a_worker_count_that_does_not_divide_the_batch_is_refused_in_one_line():
                                    "by 3 workers"), e.value
     with pytest.raises(ConfigError, match="do not split into backward_passes_per_step=4"):
         lm_ptb_elastic.refuse_indivisible(dict(cfg, backward_passes_per_step=4), 2)
+
+
+def test_a_reset_is_told_by_the_workers_that_were_there_and_all_agree():
+    """utils.membership by hand: 2 workers at step 50 of epoch 1, the one on 127.0.0.1 lost,
+    the survivor back at the commit of step 40; then a new worker on 127.0.0.1 at step 60."""
+    from utils.checkpoints import Position
+    from utils.membership import Membership
+    first, second = Membership("localhost"), Membership("127.0.0.1")
+    gathered = [first.mine(), second.mine()]
+    assert first.start(gathered, Position(0)) is None
+    assert second.start(gathered, Position(0)) is None
+    for worker in (first, second):
+        worker.counting(0)(50, 80)  # epoch 1 (counted from 0 by train_epoch), step 50
+    assert first.start([first.mine()], Position(0, 40)) == {
+        "workers_before": 2, "workers_after": 1, "lost": ["127.0.0.1"], "added": [],
+        "epoch": 1, "step": 40, "rolled_back_steps": 10}
+    first.counting(0)(60, 80)
+    new = Membership("127.0.0.1")
+    gathered = [first.mine(), new.mine()]  # a commit at 60, then the grow-back: nothing lost
+    change = {"workers_before": 1, "workers_after": 2, "lost": [], "added": ["127.0.0.1"],
+              "epoch": 1, "step": 60, "rolled_back_steps": 0}
+    assert first.start(gathered, Position(0, 60)) == change == new.start(gathered, Position(0, 60))
+    assert first.epoch_done() == new.epoch_done() == [(2, 10)]
+    assert first.epoch_done() == []
+    # a reset during the validation after epoch 1's end commit rolls nothing back
+    first.counting(0)(80, 80)
+    assert first.start([first.mine()], Position(1))["rolled_back_steps"] == 0

@@ -103,6 +103,10 @@ def check_writable(folder):
                           "folder); choose another --output_dir")
 
 
+def workers_text(steps, workers):
+    return f"{steps} steps of {workers} worker{'s' * (workers != 1)}"
+
+
 class RunLog:
     """Progress lines on stdout and events in <output_dir>/metrics.jsonl (chief only)."""
 
@@ -162,7 +166,7 @@ class RunLog:
             return None
         with open(self.path) as f:
             events = [e for e in map(parse_line, f) if e]
-        kept = [e for e in events if e["event"] != "test" and (
+        kept = [e for e in events if e["event"] == "reset" or e["event"] != "test" and (
             e["epoch"] <= epochs_done or
             e["epoch"] == epochs_done + 1 and e["event"] == "progress" and e["step"] <= step)]
         try:
@@ -172,7 +176,7 @@ class RunLog:
         except OSError as e:
             raise OutputError(f"cannot rewrite {self.path} for the resume ({os_reason(e)}); it "
                               "is unchanged; free space, then rerun with --resume") from None
-        mine = [e for e in kept if e["epoch"] == epochs_done]
+        mine = [e for e in kept if e["epoch"] == epochs_done and e["event"] != "reset"]
         if step or not mine or any(e["event"] == "epoch" for e in mine):
             return None
         last = mine[-1]
@@ -206,17 +210,32 @@ class RunLog:
             timing += f" (single-process {base:.1f} s, speedup {base / t:.2f}×)"
         share = stats["compute_share"]  # None for an epoch whose line a resume writes
         sizes = stats.get("world_sizes")  # lm_ptb_elastic.py: the worker counts it ran at
+        rolled = stats.get("rolled_back") or []  # the work resets discarded: (workers, steps)
+        rolled_text = ", ".join(workers_text(steps, n) for n, steps in rolled)
         self._write(f"epoch {epoch + 1}/{self.num_epochs} done | lr {lr:.4g} | "
                     f"train ppl {stats['train_ppl']:.2f} | valid ppl {valid_ppl:.2f} | {timing} | "
                     f"{stats['wps']:.0f} wps" + (f" | computing {100 * share:.0f}%" if share else "")
-                    + (f" | workers {' then '.join(map(str, sizes))}" if sizes else ""),
+                    + (f" | workers {' then '.join(map(str, sizes))}" if sizes else "")
+                    + (f" | rolled back by resets: {rolled_text}" if rolled else ""),
                     event="epoch", epoch=epoch + 1, step=step, lr=lr,
                     train_ppl=stats["train_ppl"], wps=stats["wps"], valid_ppl=valid_ppl,
                     epoch_time_s=t, compute_share=stats["compute_share"], peak_rss_mb=peak_rss_mb(),
-                    **({"world_sizes": list(sizes)} if sizes else {}))
+                    **({"world_sizes": list(sizes)} if sizes else {}),
+                    **({"rolled_back": [{"workers": n, "steps": s} for n, s in rolled]}
+                       if rolled else {}))
         self._scalars(step, {"valid/perplexity": valid_ppl,
                              "epoch/train_perplexity": stats["train_ppl"],
                              "epoch/time_s": t, "epoch/words_per_sec": stats["wps"]})
+
+    def reset(self, change):
+        """lm_ptb_elastic.py, after a lost or added worker: a membership.Membership.start()."""
+        hosts = [f"{what} {', '.join(change[what])}" for what in ("lost", "added") if change[what]]
+        rolled = change["rolled_back_steps"]
+        self._write(" | ".join(
+            [f"reset | workers {change['workers_before']} → {change['workers_after']}", *hosts]
+            + ([f"{workers_text(rolled, change['workers_before'])} rolled back"] if rolled else [])
+            + [f"again from epoch {change['epoch']} step {change['step']}"]),
+            event="reset", **change)
 
     def test(self, epoch, step, lr, stats, test_ppl):
         self._write(f"test ppl {test_ppl:.2f} | after {epoch + 1} epoch{'s' if epoch else ''}",
