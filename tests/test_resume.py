@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, events, mpirun, run_script
+from tests.helpers import REPO, TINY, events, mpirun, run_script, script_env
 
 DROPOUT = ["--config", TINY, "--set", "keep_prob=0.5", "--set", "steps_per_epoch=20",
            "--set", "eval_steps=2", "--seed", "3", "--log_every", "1"]
@@ -173,15 +173,55 @@ def test_resume_inside_an_epoch_with_2_or_4_ranks_gives_the_2_rank_losses(ptb_pa
     assert events(four, "progress")[-1]["world_size"] == 4
 
 
-@pytest.mark.parametrize("ranks", [0, 2], ids=["one process", "2 ranks"])
-def test_a_new_run_saves_inside_its_first_epoch_before_its_first_log_line(ranks, corpus,
+def launch(launcher, args, tmp_path):
+    """lm_ptb.py, lm_ptb_distributed.py on 2 ranks or lm_ptb_elastic.py under horovodrun's
+    elastic driver (two "hosts" of this machine, as in test_elastic.py: given one host of 2
+    slots, the job printed nothing for 200 s here), in a session of its own (killed whole)."""
+    bin_dir = os.path.dirname(sys.executable)
+    script = {"one process": "lm_ptb.py", "2 ranks": "lm_ptb_distributed.py",
+              "elastic": "lm_ptb_elastic.py"}[launcher]
+    cmd = [sys.executable, script, *args]
+    if launcher == "2 ranks":
+        cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+               "--oversubscribe", "-bind-to", "none", "-np", "2", *cmd]
+    if launcher == "elastic":
+        (tmp_path / "hosts.txt").write_text("localhost:1\n127.0.0.1:1\n")
+        cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
+               *cmd]
+    env = script_env({"ELASTIC_HOSTS": str(tmp_path / "hosts.txt"),
+                      "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.parametrize("launcher", ["one process", "2 ranks", "elastic"])
+def test_a_new_run_saves_inside_its_first_epoch_before_its_first_log_line(launcher, corpus,
                                                                          tmp_path):
-    """checkpoint_every=3 with --log_every 10: the first save comes before anything is logged,
-    so before anything else has made the run's folder."""
-    out = tmp_path / "new" / "run"
-    run(ranks, ["--config", TINY, "--data_path", corpus, "--output_dir", str(out),
-                "--set", "checkpoint_every=3", "--set", "steps_per_epoch=8",
-                "--set", "num_epochs=1", "--set", "eval_steps=1", "--log_every", "10"])
-    saved = sorted(os.listdir(out / "checkpoints" / "steps"))
-    assert any(name.startswith("ckpt-6.") for name in saved), saved
+    """checkpoint_every=3 with --log_every 50: the first save comes before anything is logged,
+    so before anything else has made the run's folder. Killed after it (every process), the
+    run resumes from it and ends as the uninterrupted run does."""
+    args = ["--config", TINY, "--data_path", corpus, "--set", "checkpoint_every=3",
+            "--set", "steps_per_epoch=300", "--set", "num_epochs=1", "--set", "eval_steps=1",
+            "--log_every", "50"]
+    whole, out = tmp_path / "whole", tmp_path / "new" / "run"
+    job = launch(launcher, [*args, "--output_dir", str(whole)], tmp_path)
+    assert job.wait(timeout=300) == 0, job.communicate()[0][-3000:]
+    job = launch(launcher, [*args, "--output_dir", str(out)], tmp_path)
+    saved = out / "checkpoints" / "steps" / "checkpoint"  # written last, when a save is whole
+    deadline = time.monotonic() + 150
+    try:
+        while not saved.exists():
+            assert job.poll() is None, job.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint inside the epoch"
+            time.sleep(0.05)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert not os.path.exists(out / "metrics.jsonl") or not events(out, "epoch"), "not killed"
+    job = launch(launcher, [*args, "--output_dir", str(out), "--resume"], tmp_path)
+    assert job.wait(timeout=300) == 0, job.communicate()[0][-3000:]
     assert [e["epoch"] for e in events(out, "epoch")] == [1]
+    assert events(out, "epoch")[0]["valid_ppl"] == pytest.approx(
+        events(whole, "epoch")[0]["valid_ppl"], rel=1e-5)
