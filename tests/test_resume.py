@@ -116,28 +116,49 @@ IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=60", "--set", "num_epoch
             "--log_every", "1"]
 
 
-def kill_inside_the_epoch(ranks, args, run_dir):
-    """Start the run, then SIGKILL it (mpirun and every rank: a machine taken away) once it
-    has saved a checkpoint inside its epoch and gone on past it."""
-    script = "lm_ptb_distributed.py" if ranks else "lm_ptb.py"
+def launch(launcher, args, hosts_dir=None):
+    """lm_ptb.py, lm_ptb_distributed.py on 2 ranks or lm_ptb_elastic.py under horovodrun's
+    elastic driver (two "hosts" of this machine, as in test_elastic.py: given one host of 2
+    slots, the job printed nothing for 200 s here), in a session of its own (killed whole)."""
+    bin_dir = os.path.dirname(sys.executable)
+    script = {"one process": "lm_ptb.py", "2 ranks": "lm_ptb_distributed.py",
+              "elastic": "lm_ptb_elastic.py"}[launcher]
     cmd = [sys.executable, script, *args]
-    if ranks:
+    env = script_env({"PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    if launcher == "2 ranks":
         cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
-               "--oversubscribe", "-bind-to", "none", "-np", str(ranks), *cmd]
-    job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
-    saved = os.path.join(run_dir, "checkpoints", "steps", "ckpt-20.index")  # step 20
-    deadline = time.monotonic() + 150
+               "--oversubscribe", "-bind-to", "none", "-np", "2", *cmd]
+    if launcher == "elastic":
+        env["ELASTIC_HOSTS"] = str(hosts_dir / "hosts.txt")
+        (hosts_dir / "hosts.txt").write_text("localhost:1\n127.0.0.1:1\n")
+        cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
+               *cmd]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def kill_when(job, ready, timeout=150):
+    """SIGKILL the job's whole session (mpirun and every rank: a machine taken away) as soon as
+    ready() holds."""
+    deadline = time.monotonic() + timeout
     try:
-        while not (os.path.exists(saved) and any(
-                e["step"] >= 25 for e in events(run_dir, "progress"))):
-            assert job.poll() is None, job.communicate()[1]
-            assert time.monotonic() < deadline, "no checkpoint inside the epoch"
+        while not ready():
+            assert job.poll() is None, job.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the run never reached the point to kill it at"
             time.sleep(0.05)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+
+
+def kill_inside_the_epoch(launcher, args, run_dir):
+    """Start the run, then kill it once it has saved a checkpoint inside its epoch (step 20)
+    and gone on past it."""
+    saved = os.path.join(run_dir, "checkpoints", "steps", "ckpt-20.index")
+    kill_when(launch(launcher, args), lambda: os.path.exists(saved) and any(
+        e["step"] >= 25 for e in events(run_dir, "progress")))
     steps = [e["step"] for e in events(run_dir, "progress")]
     assert steps[-1] < 60, "the run ended before it was killed"
 
@@ -148,7 +169,7 @@ def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(pt
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     args = [*IN_EPOCH, "--data_path", ptb_path, "--set", "keep_prob=0.5"]
     run(0, [*args, "--output_dir", whole])
-    kill_inside_the_epoch(0, [*args, "--output_dir", split], split)
+    kill_inside_the_epoch("one process", [*args, "--output_dir", split], split)
     run(0, [*args, "--output_dir", split, "--resume"])
     assert len(losses(whole, 1)) == 60
     assert [e["step"] for e in events(split, "progress")] == list(range(1, 61))
@@ -164,35 +185,13 @@ def test_resume_inside_an_epoch_with_2_or_4_ranks_gives_the_2_rank_losses(ptb_pa
     whole, split, four = (str(tmp_path / name) for name in ("whole", "split", "four"))
     args = [*IN_EPOCH, "--data_path", ptb_path]
     run(2, [*args, "--output_dir", whole])
-    kill_inside_the_epoch(2, [*args, "--output_dir", split], split)
+    kill_inside_the_epoch("2 ranks", [*args, "--output_dir", split], split)
     shutil.copytree(split, four)
     run(2, [*args, "--output_dir", split, "--resume"])
     run(4, [*args, "--output_dir", four, "--resume"])
     for resumed in (split, four):
         assert losses(resumed, 1) == pytest.approx(losses(whole, 1), rel=1e-5)
     assert events(four, "progress")[-1]["world_size"] == 4
-
-
-def launch(launcher, args, tmp_path):
-    """lm_ptb.py, lm_ptb_distributed.py on 2 ranks or lm_ptb_elastic.py under horovodrun's
-    elastic driver (two "hosts" of this machine, as in test_elastic.py: given one host of 2
-    slots, the job printed nothing for 200 s here), in a session of its own (killed whole)."""
-    bin_dir = os.path.dirname(sys.executable)
-    script = {"one process": "lm_ptb.py", "2 ranks": "lm_ptb_distributed.py",
-              "elastic": "lm_ptb_elastic.py"}[launcher]
-    cmd = [sys.executable, script, *args]
-    if launcher == "2 ranks":
-        cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
-               "--oversubscribe", "-bind-to", "none", "-np", "2", *cmd]
-    if launcher == "elastic":
-        (tmp_path / "hosts.txt").write_text("localhost:1\n127.0.0.1:1\n")
-        cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-               "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
-               *cmd]
-    env = script_env({"ELASTIC_HOSTS": str(tmp_path / "hosts.txt"),
-                      "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 @pytest.mark.parametrize("launcher", ["one process", "2 ranks", "elastic"])
@@ -207,18 +206,8 @@ def test_a_new_run_saves_inside_its_first_epoch_before_its_first_log_line(launch
     whole, out = tmp_path / "whole", tmp_path / "new" / "run"
     job = launch(launcher, [*args, "--output_dir", str(whole)], tmp_path)
     assert job.wait(timeout=300) == 0, job.communicate()[0][-3000:]
-    job = launch(launcher, [*args, "--output_dir", str(out)], tmp_path)
     saved = out / "checkpoints" / "steps" / "checkpoint"  # written last, when a save is whole
-    deadline = time.monotonic() + 150
-    try:
-        while not saved.exists():
-            assert job.poll() is None, job.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "no checkpoint inside the epoch"
-            time.sleep(0.05)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+    kill_when(launch(launcher, [*args, "--output_dir", str(out)], tmp_path), saved.exists)
     assert not os.path.exists(out / "metrics.jsonl") or not events(out, "epoch"), "not killed"
     job = launch(launcher, [*args, "--output_dir", str(out), "--resume"], tmp_path)
     assert job.wait(timeout=300) == 0, job.communicate()[0][-3000:]
