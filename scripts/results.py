@@ -23,6 +23,7 @@ from utils import config  # noqa: E402
 RESULTS = os.path.join(REPO, "results")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 NET_BEGIN, NET_END = "<!-- netstudy:begin -->", "<!-- netstudy:end -->"
+CONFIGS = ("config_small", "config_medium", "config_large")
 TRAIN_TOKENS = 929589  # ptb.train.txt with <eos>; checked by tests/test_reader.py
 
 
@@ -126,7 +127,7 @@ def row_runs(runs):
             sys.exit(f"error: results/{by[key]['name']} and results/{r['name']} are both a "
                      f"{r['kind']} run of {key[0]} with {key[2]} worker(s); remove the older one")
         by[key] = r
-    for name in ("config_small", "config_medium", "config_large"):
+    for name in CONFIGS:
         for kind in ("full", "running", "partial", "bounded"):
             single, dist = by.get((name, kind, 1)), by.get((name, kind, 2))
             if single or dist:
@@ -140,7 +141,7 @@ def row_runs(runs):
 def longest_runs(runs):
     """Per config, its trained (not bounded) runs with most epochs: 2 workers, then 1 process."""
     found = {}
-    for name in ("config_small", "config_medium", "config_large"):
+    for name in CONFIGS:
         pair = []
         for workers in (2, 1):
             trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
@@ -240,7 +241,7 @@ def plots(runs):
     fig.tight_layout()
     fig.savefig(os.path.join(RESULTS, "perplexity.png"), dpi=100)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in ("config_small", "config_medium", "config_large"):
+    for name in CONFIGS:
         points = sorted((r["workers"], statistics.median(
             [e["wps"] for e in r["events"] if e["event"] == "progress"][1:] or [0]))
             for r in runs if r["config"]["name"] == name and r["kind"] == "bounded")
@@ -302,37 +303,68 @@ def machine(runs):
     return "; ".join(cpus) or "—"
 
 
-def full_run_hours(config_name, *epoch_times):
-    """What the config's whole schedule would take here at the row's faster time per epoch
-    (training only: the validation after each epoch and the final test come on top)."""
-    epochs = paper_epochs(config_name)
-    fastest = min(t for t in epoch_times if t)
-    return f"all {epochs} ≈ {epochs * fastest / 3600:.0f} h here"
+# Test perplexity published for each config (README links them): Texar's Horovod example (2 GPUs),
+# TensorFlow's tutorial (ptb_word_lm.py), Zaremba et al. 2014, Table 1 (small: non-regularized)
+PUBLISHED = {"config_small": (114.72, 115.91, 114.5), "config_medium": (84.42, 82.07, 82.7),
+             "config_large": (78.72, 78.29, 78.4)}
 
 
-def compact_table(runs):
-    """README's table: one row per config and run kind, 2 workers / 1 process side by side."""
-    rows = ["| config | run | epochs | valid ppl, 2 workers / 1 process | test ppl, 2 / 1 | "
-            "time/epoch, 2 / 1 | speedup | machine |", "|" + " --- |" * 8]
-    for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
-        label = {"full": "full", "partial": f"{epochs} of {paper_epochs(name)} epochs"
-                 + (f" ({borrowed_from(dist)})" if borrowed_from(dist) else "")
-                 + f"; {full_run_hours(name, t1, t2)}",
-                 "running": f"running: {epochs} of {paper_epochs(name)} so far",
-                 "bounded": "timed steps"}[kind]
-        ppl = (["—", "—"] if kind == "bounded" else
-               [perplexities(single, dist, "epoch", "valid_ppl"),
-                perplexities(single, dist, "test", "test_ppl")])
-        rows.append(f"| {name.replace('config_', '')} | {label} | "
-                    f"{'—' if kind == 'bounded' else epochs} | {' | '.join(ppl)} | "
-                    f"{fmt(t2, '.0f', ' s')} / {fmt(t1, '.0f', ' s')} | "
-                    f"{f'{t1 / t2:.2f}×' if t1 and t2 else '—'} | {machine([single, dist])} |")
+def card_run(runs, name):
+    """The run a config's README row shows: the card's command (2 workers) over the whole
+    schedule, done or running; else one process's; else the longest partial run."""
+    trained = [r for r in runs if r["config"]["name"] == name and r["kind"] != "bounded"]
+    for kinds, workers in ((("full", "running"), 2), (("full", "running"), 1),
+                           (("partial",), 2), (("partial",), 1)):
+        found = [r for r in trained if r["kind"] in kinds and r["workers"] == workers]
+        if found:
+            return max(found, key=epoch_count)
+    return None
+
+
+def trained_time(runs, name, workers):
+    """Median seconds per epoch of the config's longest trained run with that many workers,
+    and that run; (None, None) if there is none."""
+    trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
+               and r["kind"] != "bounded" and epoch_count(r)]
+    if not trained:
+        return None, None
+    run = max(trained, key=epoch_count)
+    return epoch_time(run), run
+
+
+def epochs_cell(run, name):
+    total, done = paper_epochs(name), epoch_count(run)
+    workers = f"{run['workers']} workers" if run["workers"] > 1 else "1 process"
+    if run["kind"] == "full":
+        return str(done)
+    if run["kind"] == "running":
+        hours = (total - done) * epoch_time(run) / 3600 if done else None
+        return f"{done} of {total}, running" + (f" (ETA ≈ {hours:.0f} h)" if hours else "")
+    return f"{done} of {total} ({workers}, partial)"
+
+
+def paper_table(runs):
+    """README's table, in the shape of the published ones: a row per config, the run of the
+    card's command, both times per epoch, and the published test perplexities beside."""
+    rows = ["| config | epochs | train | valid | test | time/epoch, 2 workers | time/epoch, "
+            "1 process | published test: Texar / TF tutorial / paper | machine |",
+            "|" + " --- |" * 9]
+    for name in CONFIGS:
+        run = card_run(runs, name)
+        if run is None:
+            continue
+        (t2, run2), (t1, run1) = trained_time(runs, name, 2), trained_time(runs, name, 1)
+        cells = [epochs_cell(run, name), *(fmt(last(run, event, key), ".2f") for event, key in (
+            ("epoch", "train_ppl"), ("epoch", "valid_ppl"), ("test", "test_ppl"))),
+            fmt(t2, ".0f", " s"), fmt(t1, ".0f", " s"),
+            " / ".join(map(str, PUBLISHED[name])), machine([run, run1, run2])]
+        rows.append(f"| {name.replace('config_', '')} | {' | '.join(cells)} |")
     return rows
 
 
 def results_block(runs):
     """The lines between the results markers of README.md."""
-    return compact_table(runs)
+    return paper_table(runs)
 
 
 def results_readme(runs):

@@ -56,26 +56,32 @@ def test_the_readme_table_is_what_make_results_builds_from_the_committed_logs():
             "results/README.md is stale: run `make results` and commit"
 
 
-def test_the_compact_row_puts_both_runs_and_the_machine_side_by_side():
-    env = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
-    single = dict(run("full", 1, [epoch(0, 51.0, 61.0, 80.0), {"event": "test", "test_ppl": 59.0}]),
-                  env=env)
-    dist = dict(run("full", 2, [epoch(0, 50.0, 60.0, 100.0), {"event": "test", "test_ppl": 58.0}]),
+def test_a_readme_row_shows_the_2_worker_run_both_times_and_the_published_test():
+    env = {"cpu": "AMD EPYC", "cores": 2}
+    dist = dict(run("full", 2, [epoch(1, 51.0, 61.0, 100.0), epoch(2, 50.0, 60.0, 120.0),
+                                epoch(3, 49.0, 59.0, 110.0), {"event": "test", "test_ppl": 58.0}]),
                 env=env)
-    assert results.compact_table([single, dist])[2] == (
-        "| small | full | 1 | 60.00 / 61.00 | 58.00 / 59.00 | 100 s / 80 s | 0.80× | "
-        "Intel(R) Xeon(R) Processor, 2 cores |")
+    single = dict(run("partial", 1, [epoch(1, 52.0, 62.0, 80.0), epoch(2, 51.0, 61.0, 90.0)]),
+                  env=env)
+    timed = dict(run("bounded", 1, [progress(0, 0.0), progress(10, 1.0)]), env=env)
+    # times: the median epoch of each; the bounded run counts for nothing here
+    assert results.paper_table([single, timed, dist])[2] == (
+        "| small | 3 | 49.00 | 59.00 | 58.00 | 110 s | 85 s | 114.72 / 115.91 / 114.5 | "
+        "AMD EPYC, 2 cores |")
 
 
-def test_a_partial_row_says_how_long_the_whole_schedule_would_take_at_its_time_per_epoch():
-    env = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
-    single = dict(run("partial", 1, [epoch(0, 300.0, 200.0, 3600.0),
-                                     {"event": "test", "test_ppl": 190.0}]), env=env)
-    dist = dict(run("partial", 2, [epoch(0, 301.0, 201.0, 4800.0),
-                                   {"event": "test", "test_ppl": 191.0}]), env=env)
-    # config_small's schedule is 13 epochs: 13 x 3,600 s (the faster of the two) = 13 h
-    assert results.compact_table([single, dist])[2].startswith(
-        "| small | 1 of 13 epochs; all 13 ≈ 13 h here | 1 | 201.00 / 200.00 |")
+def test_a_readme_row_says_how_far_a_run_is_and_the_time_left():
+    env = {"cpu": "AMD EPYC", "cores": 2}
+    running = dict(run("running", 2, [epoch(1, 90.0, 95.0, 3600.0), epoch(2, 80.0, 85.0, 3600.0)]),
+                   env=env)
+    # 11 of config_small's 13 epochs left at 3,600 s each
+    assert results.paper_table([running])[2] == (
+        "| small | 2 of 13, running (ETA ≈ 11 h) | 80.00 | 85.00 | — | 3600 s | — | "
+        "114.72 / 115.91 / 114.5 | AMD EPYC, 2 cores |")
+    partial = dict(run("partial", 1, [epoch(1, 300.0, 200.0, 50.0),
+                                      {"event": "test", "test_ppl": 190.0}]), env=env)
+    assert results.paper_table([partial])[2].startswith(
+        "| small | 1 of 13 (1 process, partial) | 300.00 | 200.00 | 190.00 | — | 50 s |")
 
 
 def test_epoch_by_epoch_pairs_the_longest_runs_at_the_epochs_both_reached():
@@ -93,11 +99,7 @@ def test_a_one_process_partial_run_is_compared_with_the_first_epochs_of_the_2_wo
                                      {"event": "test", "test_ppl": 140.0}]), env=env)
     dist = dict(run("running", 2, [epoch(1, 301.0, 202.0, 60.0), epoch(2, 199.0, 147.0, 60.0),
                                    epoch(3, 150.0, 120.0, 60.0)]), env=env)
-    rows = results.compact_table([single, dist])
     # the 2-worker cells are its epoch 2, with no test and no time: those ran in another sitting
-    assert rows[3] == ("| small | 2 of 13 epochs (2 workers: the running run's first 2); "
-                       "all 13 ≈ 13 h here | 2 | 147.00 / 150.00 | — / 140.00 | — / 3600 s | — | "
-                       "Intel(R) Xeon(R) Processor, 2 cores |")
     assert results.table([single, dist])[3].startswith(
         "| small | partial (2 of 13 epochs; 2 workers: the running run's first 2) | 2 | "
         "199.00 / 200.00 | 147.00 / 150.00 | — / 140.00 | — | 3600.0 s | — |")
