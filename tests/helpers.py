@@ -13,8 +13,12 @@ IS_ROOT = os.geteuid() == 0
 
 def script_env(extra=None):
     """This process's environment for a script, without TF_USE_LEGACY_KERAS (conftest's import
-    of utils set it here): each script must select Keras 2 itself, as it does for a user."""
-    return child_env(PYTHONUNBUFFERED="1", **(extra or {}))
+    of utils set it here): each script must select Keras 2 itself, as it does for a user. Nor
+    PYTHONDONTWRITEBYTECODE (set on some CI hosts, not on a user's): files a script writes by
+    importing must show in the tests (a config's __pycache__ did, only on a fresh Debian 13)."""
+    env = child_env(PYTHONUNBUFFERED="1", **(extra or {}))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def run_script(args, timeout=120, env=None):

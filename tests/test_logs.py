@@ -1,6 +1,8 @@
 """utils/logs.py RunLog.resume on hand-written metrics.jsonl files: what it keeps and rebuilds."""
 import json
 
+import pytest
+
 from utils.checkpoints import Position
 from utils.logs import RunLog
 
@@ -43,15 +45,16 @@ def test_world_sizes_only_when_asked_and_nothing_to_rebuild_once_the_epoch_has_i
     assert [e["event"] for e in read_log(tmp_path)] == ["progress", "progress", "epoch"]
 
 
-def test_a_tensorflow_write_error_is_told_without_the_ops_names():
+def test_a_tensorflow_write_error_is_told_without_the_ops_names(tmp_path):
+    """(Under tmp_path: a folder in / would fail for other users with "Permission denied".)"""
     import tensorflow as tf
     from utils.logs import os_reason
-    try:
-        tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=["/nonexistent/a"],
-                                      destination_prefix="/nonexistent/b")
-    except tf.errors.OpError as e:
-        error = e
+    missing = tmp_path / "missing"
+    with pytest.raises(tf.errors.OpError) as e:
+        tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=[str(missing / "a")],
+                                      destination_prefix=str(missing / "b"))
+    error = e.value
     assert "{{function_node" in error.message and "[Op:MergeV2Checkpoints]" in error.message
     reason = os_reason(error)
-    assert "/nonexistent/a not found" in reason and reason.endswith("not found"), reason
+    assert f"{missing / 'a'} not found" in reason and reason.endswith("not found"), reason
     assert "{{" not in reason and "function_node" not in reason and "[Op:" not in reason

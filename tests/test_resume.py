@@ -201,7 +201,7 @@ def test_a_new_run_saves_inside_its_first_epoch_before_its_first_log_line(launch
     so before anything else has made the run's folder. Killed after it (every process), the
     run resumes from it and ends as the uninterrupted run does."""
     args = ["--config", TINY, "--data_path", corpus, "--set", "checkpoint_every=3",
-            "--set", "steps_per_epoch=300", "--set", "num_epochs=1", "--set", "eval_steps=1",
+            "--set", "steps_per_epoch=60", "--set", "num_epochs=1", "--set", "eval_steps=1",
             "--log_every", "50"]
     whole, out = tmp_path / "whole", tmp_path / "new" / "run"
     job = launch(launcher, [*args, "--output_dir", str(whole)], tmp_path)

@@ -98,7 +98,11 @@ def test_a_patch_that_does_not_apply_stops_setup_in_one_line(tmp_path):
                              "01-common-stdexcept.patch"),
                 repo / "scripts" / "patches" / "horovod-0.28.1" / "06-again.patch")
     os.makedirs(repo / ".venv" / "bin")
-    os.symlink(os.path.join(REPO, ".venv", "bin", "python"), repo / ".venv" / "bin" / "python")
+    # The repository's venv Python by its own path (a symlink to it would be taken for the
+    # system Python, which on Debian 13 has no pip): pip downloads the sdist as setup does
+    python = repo / ".venv" / "bin" / "python"
+    python.write_text(f"#!/bin/sh\nexec {os.path.join(REPO, '.venv', 'bin', 'python')} \"$@\"\n")
+    python.chmod(0o755)
     r = subprocess.run([shutil.which("bash"), "-c", script], cwd=repo, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr

@@ -132,11 +132,15 @@ def _import_config(name_or_path):
                           "of constants like config_small.py: copy it and change the values")
     spec = importlib.util.spec_from_file_location("_ptb_config", path)
     module = importlib.util.module_from_spec(spec)
+    # No __pycache__ beside a user's config: a run writes only in its --output_dir
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # a user's config file: report any failure in one line
         raise ConfigError(f"config {path} fails to load ({type(e).__name__}: {e}); fix the file") \
             from None
+    finally:
+        sys.dont_write_bytecode = dont_write
     return module
 
 
