@@ -138,18 +138,17 @@ def row_runs(runs):
                        dist and not dist.get("borrowed") and epoch_time(dist) or None)
 
 
+def longest_trained(runs, name, workers):
+    """The config's trained (not bounded) run with most epochs with that many workers, or None."""
+    trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
+               and r["kind"] != "bounded"]
+    return max(trained, key=epoch_count) if trained else None
+
+
 def longest_runs(runs):
     """Per config, its trained (not bounded) runs with most epochs: 2 workers, then 1 process."""
-    found = {}
-    for name in CONFIGS:
-        pair = []
-        for workers in (2, 1):
-            trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
-                       and r["kind"] != "bounded"]
-            if trained:
-                pair.append(max(trained, key=epoch_count))
-        found[name] = pair
-    return found
+    return {name: [r for r in (longest_trained(runs, name, w) for w in (2, 1)) if r]
+            for name in CONFIGS}
 
 
 def epoch_by_epoch(runs):
@@ -321,17 +320,6 @@ def card_run(runs, name):
     return None
 
 
-def trained_time(runs, name, workers):
-    """Median seconds per epoch of the config's longest trained run with that many workers,
-    and that run; (None, None) if there is none."""
-    trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
-               and r["kind"] != "bounded" and epoch_count(r)]
-    if not trained:
-        return None, None
-    run = max(trained, key=epoch_count)
-    return epoch_time(run), run
-
-
 def epochs_cell(run, name):
     total, done = paper_epochs(name), epoch_count(run)
     workers = f"{run['workers']} workers" if run["workers"] > 1 else "1 process"
@@ -353,7 +341,9 @@ def paper_table(runs):
         run = card_run(runs, name)
         if run is None:
             continue
-        (t2, run2), (t1, run1) = trained_time(runs, name, 2), trained_time(runs, name, 1)
+        run2, run1 = (r if r and epoch_count(r) else None  # timed: with an epoch done
+                      for r in (longest_trained(runs, name, 2), longest_trained(runs, name, 1)))
+        t2, t1 = (r and epoch_time(r) for r in (run2, run1))
         cells = [epochs_cell(run, name), *(fmt(last(run, event, key), ".2f") for event, key in (
             ("epoch", "train_ppl"), ("epoch", "valid_ppl"), ("test", "test_ppl"))),
             fmt(t2, ".0f", " s"), fmt(t1, ".0f", " s"),
