@@ -21,6 +21,26 @@ def script_env(extra=None):
     return env
 
 
+def horovodrun(hosts_file, args, cooldown=None):
+    """lm_ptb_elastic.py under horovodrun's elastic driver, 1 to 2 workers, the hosts listed
+    by launch/discover_hosts.sh from `hosts_file`; in a session of its own (to be killed whole)."""
+    bin_dir = os.path.dirname(sys.executable)
+    cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
+           *(["--blacklist-cooldown-range", *map(str, cooldown)] if cooldown else []),
+           sys.executable, "lm_ptb_elastic.py", *args]
+    env = script_env({"ELASTIC_HOSTS": str(hosts_file),
+                      "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def list_hosts(path, *hosts):
+    """What the discovery script prints from now on (replaced whole: it may read at any time)."""
+    (path.parent / "hosts.tmp").write_text("".join(f"{h}\n" for h in hosts))
+    os.replace(path.parent / "hosts.tmp", path)
+
+
 def run_script(args, timeout=120, env=None):
     """Run a repo script in a fresh interpreter; returns CompletedProcess with text output."""
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,

@@ -10,22 +10,10 @@ import time
 import pytest
 
 from tests import helpers
-from tests.helpers import REPO, TINY, mpirun
+from tests.helpers import TINY, horovodrun, list_hosts, mpirun
 
 ARGS = ["--config", TINY, "--set", "steps_per_epoch=80", "--set", "num_epochs=3",
         "--set", "eval_steps=20", "--set", "checkpoint_every=20", "--log_every", "10"]
-
-
-def horovodrun(hosts_file, args, cooldown=None):
-    bin_dir = os.path.dirname(sys.executable)
-    cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-           "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
-           *(["--blacklist-cooldown-range", *map(str, cooldown)] if cooldown else []),
-           sys.executable, "lm_ptb_elastic.py", *args]
-    env = dict(os.environ, ELASTIC_HOSTS=str(hosts_file), PYTHONUNBUFFERED="1",
-               PATH=bin_dir + os.pathsep + os.environ["PATH"])
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def worker_pid(host):
@@ -72,12 +60,6 @@ def finish(job, timeout=300):
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     return job.returncode, out
-
-
-def list_hosts(path, *hosts):
-    """What the discovery script prints from now on (replaced whole: it may read at any time)."""
-    (path.parent / "hosts.tmp").write_text("".join(f"{h}\n" for h in hosts))
-    os.replace(path.parent / "hosts.tmp", path)
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, events, mpirun, run_script, script_env
+from tests.helpers import (REPO, TINY, events, horovodrun, list_hosts, mpirun, run_script,
+                           script_env)
 
 DROPOUT = ["--config", TINY, "--set", "keep_prob=0.5", "--set", "steps_per_epoch=20",
            "--set", "eval_steps=2", "--seed", "3", "--log_every", "1"]
@@ -120,21 +121,14 @@ def launch(launcher, args, hosts_dir=None):
     """lm_ptb.py, lm_ptb_distributed.py on 2 ranks or lm_ptb_elastic.py under horovodrun's
     elastic driver (two "hosts" of this machine, as in test_elastic.py: given one host of 2
     slots, the job printed nothing for 200 s here), in a session of its own (killed whole)."""
-    bin_dir = os.path.dirname(sys.executable)
-    script = {"one process": "lm_ptb.py", "2 ranks": "lm_ptb_distributed.py",
-              "elastic": "lm_ptb_elastic.py"}[launcher]
-    cmd = [sys.executable, script, *args]
-    env = script_env({"PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    if launcher == "elastic":
+        list_hosts(hosts_dir / "hosts.txt", "localhost:1", "127.0.0.1:1")
+        return horovodrun(hosts_dir / "hosts.txt", args)
+    cmd = [sys.executable, "lm_ptb_distributed.py" if launcher == "2 ranks" else "lm_ptb.py", *args]
     if launcher == "2 ranks":
         cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
                "--oversubscribe", "-bind-to", "none", "-np", "2", *cmd]
-    if launcher == "elastic":
-        env["ELASTIC_HOSTS"] = str(hosts_dir / "hosts.txt")
-        (hosts_dir / "hosts.txt").write_text("localhost:1\n127.0.0.1:1\n")
-        cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-               "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
-               *cmd]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=REPO, env=script_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
