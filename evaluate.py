@@ -94,22 +94,15 @@ def corpus_path(run_dir, given):
                       f"{', '.join(ptb.FILES)}")
 
 
-def saved_vocab(run_dir, data_path):
-    """The run's vocabulary without its corpus: vocab.txt; runs from before it: the data's."""
-    path = os.path.join(run_dir, VOCAB_FILE)
-    if os.path.exists(path):
-        return ptb.read_vocab(path)
-    return ptb.load_corpus(corpus_path(run_dir, data_path)).vocab
-
-
-def run_vocab(run_dir, corpus):
+def run_vocab(run_dir, corpus=None, data_path=None):
     """The words of the model's ids: the run's vocab.txt, which must equal the vocabulary of
-    the data given (else its ids mean other words); runs from before vocab.txt: the data's."""
+    the corpus if one is given (else its ids mean other words); runs from before vocab.txt:
+    the corpus's, read from data_path if none is given."""
     path = os.path.join(run_dir, VOCAB_FILE)
     if not os.path.exists(path):
-        return corpus.vocab
+        return (corpus or ptb.load_corpus(corpus_path(run_dir, data_path))).vocab
     vocab = ptb.read_vocab(path)
-    if vocab != corpus.vocab:
+    if corpus is not None and vocab != corpus.vocab:
         raise ConfigError(f"--data_path gives another vocabulary than the run's {path} "
                           f"({len(corpus.vocab)} words against {len(vocab)}); point --data_path "
                           "at the data the run was trained on")
@@ -190,7 +183,7 @@ def main(argv=None):
         corpus = ptb.load_corpus(corpus_path(args.run, args.data_path))
         vocab = run_vocab(args.run, corpus)
     else:
-        vocab = saved_vocab(args.run, args.data_path)
+        vocab = run_vocab(args.run, data_path=args.data_path)
     model = load_model(args.run, cfg, len(vocab))
     if args.command == "perplexity":
         batch = cfg["eval_batch_size"] if args.batch_size is None else args.batch_size
