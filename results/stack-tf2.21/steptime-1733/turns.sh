@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# rounds of variants in turns: each line "label|env...|python|threads"
+cd /work/main
+for r in 1 2 3; do
+  while IFS='|' read -r label envs py th; do
+    [ -z "$label" ] && continue
+    out=$(env $envs $py results/stack-tf2.21/steptime-1733/steptime.py $th 2>/dev/null | tail -1)
+    echo "round $r | $label | $out"
+  done < "$1"
+done
