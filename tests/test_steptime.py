@@ -1,0 +1,46 @@
+"""scripts/steptime.py: variants timed in turns by long-lived real TensorFlow workers."""
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO, TINY, script_env
+
+STEPTIME = [sys.executable, "scripts/steptime.py", "--config", TINY, "--threads", "1"]
+
+
+def run(*args):
+    return subprocess.run([*STEPTIME, *args], cwd=REPO, env=script_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_two_variants_timed_in_turns_with_their_own_environment(tmp_path):
+    out = tmp_path / "steptime.json"
+    r = run("--variant", f"plain={sys.executable}",
+            "--variant", f"no oneDNN={sys.executable}:TF_ENABLE_ONEDNN_OPTS=0",
+            "--rounds", "3", "--steps", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())["variants"]
+    assert list(result) == ["plain", "no oneDNN"]
+    assert result["no oneDNN"]["env"] == {"TF_ENABLE_ONEDNN_OPTS": "0"}
+    for label, v in result.items():
+        assert len(v["bursts_ms"]) == 3 and min(v["bursts_ms"]) > 0, label
+        assert v["stack"].startswith("TensorFlow 2."), v["stack"]
+    assert result["plain"]["vs_first"] == 1.0
+    assert "plain" in r.stdout and "no oneDNN" in r.stdout and "TF_ENABLE_ONEDNN_OPTS=0" in r.stdout
+
+
+def test_a_variants_environment_reaches_its_worker_and_a_failed_start_is_one_line():
+    r = run("--variant", f"plain={sys.executable}",
+            "--variant", f"broken={sys.executable}:PYTHONHOME=/nonexistent", "--rounds", "1")
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].startswith("error: variant 'broken'"), r.stderr
+
+
+def test_bad_variants_are_refused_in_one_line():
+    for args in (["--variant", "no-python-given"], ["--variant", f"only={sys.executable}"],
+                 ["--variant", f"a={sys.executable}", "--variant", "b=/nonexistent/python"],
+                 ["--variant", f"a={sys.executable}", "--variant", f"b={sys.executable}:NOEQUALS"]):
+        r = run(*args)
+        assert r.returncode != 0, args
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, r.stderr)
