@@ -61,12 +61,14 @@ def noise_seed(seed, rank, step):
         tf.cast(step, tf.int64))
 
 
-def make_train_step(model, optimizer, passes=1, seed=0, rank=0):
+def make_train_step(model, optimizer, passes=1, seed=0, rank=0, replicas=1):
     """The compiled train step; `passes` > 1 accumulates gradients over that many slices of the
     batch rows (backward_passes_per_step): the same update, 1/passes of the activations.
-    Dropout masks come from noise_seed(seed, rank, optimizer.iterations)."""
+    Dropout masks come from noise_seed(seed, rank, optimizer.iterations). `replicas`: an
+    optimizer that sums the gradients of that many replicas (tf.distribute's does) gets each
+    one's loss divided by it, so that the sum is the global batch's mean gradient."""
     if passes > 1:
-        return _make_accumulating_step(model, optimizer, passes, seed, rank)
+        return _make_accumulating_step(model, optimizer, passes, seed, rank, replicas)
 
     @tf.function
     def train_step(x, y, state):
@@ -74,15 +76,16 @@ def make_train_step(model, optimizer, passes=1, seed=0, rank=0):
             logits, state = model(x, state, training=True,
                                   noise_seed=noise_seed(seed, rank, optimizer.iterations))
             loss = sequence_loss(logits, y)
+            scaled = loss / replicas
         # minimize(tape=...) rather than tape.gradient + apply_gradients: Horovod's Keras
         # DistributedOptimizer allreduces inside _compute_gradients, which minimize calls and
         # apply_gradients alone never does (it would silently train each rank on its own).
-        optimizer.minimize(loss, model.trainable_variables, tape=tape)
+        optimizer.minimize(scaled, model.trainable_variables, tape=tape)
         return loss, state
     return train_step
 
 
-def _make_accumulating_step(model, optimizer, passes, seed, rank):
+def _make_accumulating_step(model, optimizer, passes, seed, rank, replicas):
     variables = model.trainable_variables
 
     @tf.function
@@ -105,7 +108,7 @@ def _make_accumulating_step(model, optimizer, passes, seed, rank):
         # a wrapped optimizer (Horovod's) averages it over the ranks exactly as it would a
         # loss's gradient, then clips and applies it once.
         with tf.GradientTape() as tape:
-            surrogate = tf.add_n([_dot(g, v) for g, v in zip(grads, variables)])
+            surrogate = tf.add_n([_dot(g, v) for g, v in zip(grads, variables)]) / replicas
         optimizer.minimize(surrogate, variables, tape=tape)
         state = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *states)
         return total, state

@@ -1,0 +1,102 @@
+"""lm_ptb_tf_distribute.py: real workers of MultiWorkerMirroredStrategy on localhost ports."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.helpers import REPO, TINY, events, run_script, script_env
+
+BOUNDED = ["--config", TINY, "--set", "num_epochs=1", "--set", "steps_per_epoch=30",
+           "--set", "eval_steps=5", "--log_every", "5"]
+
+
+def launch(n, args, timeout=240):
+    """launch/tf_config.py -n N: N workers on this host, each with its TF_CONFIG."""
+    return subprocess.run([sys.executable, "launch/tf_config.py", "-n", str(n), "--",
+                           sys.executable, "lm_ptb_tf_distribute.py", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env=script_env())
+
+
+def worker(index, ports, args):
+    """One worker started by hand, as on its own host: its TF_CONFIG, its own session."""
+    tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                 "task": {"type": "worker", "index": index}}
+    return subprocess.Popen([sys.executable, "lm_ptb_tf_distribute.py", *args], cwd=REPO,
+                            env=script_env({"TF_CONFIG": json.dumps(tf_config)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def train_ppls(run_dir):
+    return [e["train_ppl"] for e in events(run_dir, "progress")]
+
+
+def test_two_workers_train_as_one_process_and_worker_0_alone_reports(corpus, tmp_path):
+    single, two = tmp_path / "single", tmp_path / "two"
+    r = run_script(["lm_ptb.py", *BOUNDED, "--data_path", corpus, "--output_dir", str(single)])
+    assert r.returncode == 0, r.stderr
+    r = launch(2, [*BOUNDED, "--data_path", corpus, "--output_dir", str(two)])
+    assert r.returncode == 0, r.stderr
+    expected, got = train_ppls(single), train_ppls(two)
+    assert len(got) == len(expected) == 6
+    for step, (a, b) in enumerate(zip(expected, got)):
+        assert abs(b - a) / a < 1e-3, (step, a, b)
+    assert {e["world_size"] for e in events(two, "progress")} == {2}
+    assert r.stdout.count("epoch 1/1 done") == 1 and r.stdout.count("test ppl") == 1, r.stdout
+
+
+def test_one_worker_without_tf_config_is_lm_ptb(corpus, tmp_path):
+    single, alone = tmp_path / "single", tmp_path / "alone"
+    for script, out in (("lm_ptb.py", single), ("lm_ptb_tf_distribute.py", alone)):
+        r = run_script([script, *BOUNDED, "--data_path", corpus, "--output_dir", str(out)])
+        assert r.returncode == 0, r.stderr
+    assert train_ppls(alone) == train_ppls(single)
+
+
+def test_a_lost_worker_ends_the_other_in_one_line_and_resume_finishes(corpus, tmp_path):
+    run = tmp_path / "run"
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", str(run), "--set",
+            "num_epochs=2", "--set", "checkpoint_every=20", "--log_every", "10"]
+    ports = [23950 + os.getpid() % 40, 23990 + os.getpid() % 40]
+    workers = [worker(i, ports, args) for i in range(2)]
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "steps" / "checkpoint").exists():
+        assert time.monotonic() < deadline and workers[0].poll() is None, "no checkpoint"
+        time.sleep(0.2)
+    os.killpg(workers[1].pid, signal.SIGKILL)  # its host is gone
+    started = time.monotonic()
+    _, err = workers[0].communicate(timeout=90)
+    workers[1].wait()
+    assert workers[0].returncode not in (0, None)
+    assert time.monotonic() - started < 60
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: worker 0: a collective with the other workers failed"), err
+
+    r = launch(2, [*args, "--resume"])
+    assert r.returncode == 0, r.stderr
+    assert [e["epoch"] for e in events(run, "epoch")] == [1, 2]
+    whole = tmp_path / "uninterrupted"
+    r = launch(2, [*args[:args.index("--output_dir")], "--output_dir", str(whole),
+                   *args[args.index("--output_dir") + 2:]])
+    assert r.returncode == 0, r.stderr
+    resumed, expected = events(run, "test")[0]["test_ppl"], events(whole, "test")[0]["test_ppl"]
+    assert abs(resumed - expected) / expected < 1e-4, (resumed, expected)
+
+
+def test_a_bad_tf_config_or_workers_that_disagree_stop_in_one_line(corpus, tmp_path):
+    r = run_script(["lm_ptb_tf_distribute.py", *BOUNDED, "--data_path", corpus],
+                   env={"TF_CONFIG": '{"cluster": {"worker": ["localhost:1"]}, "task": {}}'})
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "error: TF_CONFIG must be"), r.stderr
+
+    ports = [24030 + os.getpid() % 40, 24070 + os.getpid() % 40]
+    out = str(tmp_path / "disagree")
+    workers = [worker(i, ports, [*BOUNDED, "--data_path", corpus, "--output_dir", out,
+                                 "--set", f"max_grad_norm={5 + i}"]) for i in range(2)]
+    for w in workers:
+        _, err = w.communicate(timeout=120)
+        assert w.returncode == 2, err
+        assert err.strip().splitlines()[-1].startswith(
+            "error: workers started with different config"), err
