@@ -6,7 +6,9 @@ import subprocess
 import sys
 import time
 
+from scripts import twohosts
 from tests.helpers import REPO, TINY, events, run_script, script_env
+from tests.test_distributed import need_root
 
 BOUNDED = ["--config", TINY, "--set", "num_epochs=1", "--set", "steps_per_epoch=30",
            "--set", "eval_steps=5", "--log_every", "5"]
@@ -100,3 +102,29 @@ def test_a_bad_tf_config_or_workers_that_disagree_stop_in_one_line(corpus, tmp_p
         assert w.returncode == 2, err
         assert err.strip().splitlines()[-1].startswith(
             "error: workers started with different config"), err
+
+
+def test_two_hosts_over_veth(ptb_path, tmp_path):
+    """One worker in each of two network namespaces, as on two machines: TF_CONFIG names their
+    addresses, and the gradients cross the veth link."""
+    need_root()
+    out = str(tmp_path / "run")
+    with twohosts.two_hosts() as hosts:
+        addresses = [f"{address}:23456" for _, address, _ in hosts]
+        before = twohosts.tx_bytes(hosts[1])
+        procs = []
+        for i, (ns, _, _) in enumerate(hosts):
+            tf_config = json.dumps({"cluster": {"worker": addresses},
+                                    "task": {"type": "worker", "index": i}})
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "lm_ptb_tf_distribute.py",
+                 "--config", TINY, "--data_path", ptb_path, "--output_dir", out,
+                 "--set", "steps_per_epoch=20", "--set", "num_epochs=1", "--set", "eval_steps=5"],
+                cwd=REPO, env=script_env({"TF_CONFIG": tf_config}), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True))
+        results = [p.communicate(timeout=240) for p in procs]
+        sent = twohosts.tx_bytes(hosts[1]) - before
+    for p, (stdout, stderr) in zip(procs, results):
+        assert p.returncode == 0, stdout + stderr
+    assert events(out, "test")[0]["world_size"] == 2
+    assert sent > 20 * 4 * 32 * 10000  # 20 steps' gradients hold at least the 32 x 10,000 softmax
