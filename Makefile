@@ -17,7 +17,7 @@ RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy peer reproduce reproduce-status venv-tf2.15
+.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status venv-tf2.15
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -75,3 +75,7 @@ results: setup
 
 netstudy: setup data
 	$(PY) scripts/netstudy.py --data_path $(PTB_DATA_PATH)
+
+# Horovod against tf.distribute, 2 workers, side by side in turns (as root: network namespaces).
+compare: setup data
+	$(PY) scripts/compare.py --data_path $(PTB_DATA_PATH)

@@ -82,18 +82,33 @@ def poll(proc, metrics, host):
 
 def run(command, out, host=None):
     """Run a trainer; returns (mean step seconds, measured bytes per step or None)."""
+    return run_workers([(command, None)], out, host)[:2]
+
+
+def run_workers(commands, out, host=None):
+    """Run the processes of one training job, [(command, env or None)], the first writing the
+    run's metrics; returns (mean step seconds, measured bytes per step or None, the progress
+    and epoch events)."""
     metrics = os.path.join(out, "metrics.jsonl")
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    errors = [tempfile.TemporaryFile() for _ in commands]  # a full pipe would block a worker
+    procs = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=err) for (command, env), err in zip(commands, errors)]
     try:
-        samples = poll(proc, metrics, host)
+        samples = poll(procs[0], metrics, host)
+        for proc in procs[1:]:
+            proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode:
-        raise SystemExit(f"run failed: {' '.join(command)}\n{proc.stderr.read().decode()[-2000:]}")
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for (command, _), proc, err in zip(commands, procs, errors):
+        if proc.returncode:
+            err.seek(0)
+            raise SystemExit(f"run failed: {' '.join(command)}\n{err.read().decode()[-2000:]}")
     with open(metrics) as f:
-        progress = [e for e in map(json.loads, f) if e["event"] == "progress"]
+        events = [e for e in map(json.loads, f) if e["event"] in ("progress", "epoch")]
+    progress = [e for e in events if e["event"] == "progress"]
     measured = None
     # Counter readings taken after the first window (warm-up, broadcast) up to the last step
     # (before evaluation), so only training steps' traffic counts.
@@ -104,7 +119,7 @@ def run(command, out, host=None):
     # averages that "param" mode does only every k steps.
     first = progress[1] if len(progress) > 2 else progress[0]
     step_s = (progress[-1]["time"] - first["time"]) / (progress[-1]["step"] - first["step"])
-    return step_s, measured
+    return step_s, measured, events
 
 
 def trainer_args(config_name, steps, data_path, out, sets):

@@ -1,0 +1,30 @@
+"""scripts/compare.py (make compare): both trainers in turns, on this host and on two namespace
+hosts, with real workers; the tiny config keeps it short."""
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO, TINY, script_env
+from tests.test_distributed import need_root
+
+
+def test_compare_runs_both_trainers_on_one_host_and_over_a_link(ptb_path, tmp_path):
+    need_root()
+    out = tmp_path / "compare.json"
+    r = subprocess.run([sys.executable, "scripts/compare.py", "--quick", "--config", TINY,
+                        "--steps", "12", "--data_path", ptb_path, "--out", str(out)],
+                       cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(out.read_text())
+    assert [row["link"] for row in result["rows"]] == ["this host", "1 Gbit/s"]
+    for row in result["rows"]:
+        for kind in ("Horovod", "tf.distribute"):
+            assert row[f"{kind} words_per_s"] > 0 and row[f"{kind} peak_rss_mb"] > 0
+            assert row[f"{kind} first_window_s"] > 0
+    over_link = result["rows"][1]
+    # each step sends about the tiny model's gradients (the 32 x 10,000 softmax is most of
+    # them); read at log lines 2 steps apart while training goes on, so only roughly
+    for kind in ("Horovod", "tf.distribute"):
+        assert over_link[f"{kind} bytes_per_step"] > 0.5 * 4 * 32 * 10000, kind
+    assert result["lines_added_to_lm_ptb"]["tf.distribute"]["added"] > 0
+    assert "ratio" in r.stdout and "written to" in r.stdout
