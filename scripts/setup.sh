@@ -5,7 +5,8 @@
 #   2. .venv, made with PYTHON if set, else the newest of python3.13 .. python3.10 on PATH,
 #      with the pinned requirements.txt and requirements-no-deps.txt
 #   3. Horovod 0.28.1 from PyPI's source, patched by scripts/patches/horovod-0.28.1/ (one file
-#      per cause: new compilers and TensorFlow), built against that TensorFlow with MPI and Gloo
+#      per cause: new compilers and TensorFlow; GPU=1 adds horovod-0.28.1-gpu/), built against
+#      that TensorFlow with MPI and Gloo
 # GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL;
 # it first checks for a CUDA 12 nvcc and NCCL's headers and stops, changing nothing, without
 # them (docs/gpu.md).
@@ -115,7 +116,10 @@ if [ "$GPU" = 1 ]; then
     grep -v '^tensorflow-cpu' "$REQUIREMENTS" > "$VENV/requirements-gpu.txt"
     tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$REQUIREMENTS")
     "$VENV/bin/python" -m pip install -q -r "$VENV/requirements-gpu.txt" "tensorflow[and-cuda]==$tf_pin"
-    gpu_build=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="${HOROVOD_NCCL_HOME:-/usr}")
+    # Native code for Volta (7.0) to Hopper (9.0); by default Horovod builds every architecture
+    # its nvcc knows, which takes far longer.
+    gpu_build=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="${HOROVOD_NCCL_HOME:-/usr}"
+               HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-70,75,80,86,89,90}")
     built='h.mpi_built() and h.nccl_built()'
 else
     "$VENV/bin/python" -m pip install -q -r "$REQUIREMENTS"
@@ -136,7 +140,7 @@ patched_horovod_source() {
         "horovod==$HOROVOD_VERSION" >&2
     tar xzf "$src/horovod-$HOROVOD_VERSION.tar.gz" -C "$src"
     tree=$src/horovod-$HOROVOD_VERSION
-    for patch_file in "$PATCHES"/*.patch; do
+    for patch_file in "$PATCHES"/*.patch $([ "$GPU" = 1 ] && echo "$PATCHES-gpu"/*.patch); do
         if ! patch -d "$tree" -p1 --forward --batch --dry-run <"$patch_file" >/dev/null 2>&1; then
             echo "error: $patch_file does not apply to horovod $HOROVOD_VERSION's source in" \
                  "$tree; the patches are made for that version (scripts/patches/)" >&2
@@ -152,7 +156,8 @@ check_horovod="import utils, horovod.tensorflow as h; assert $built"
 if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
     [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
     tree=$(patched_horovod_source)
-    echo "setup: building horovod==$HOROVOD_VERSION with $(ls "$PATCHES" | wc -l) patches" \
+    patches=$(ls "$PATCHES" $([ "$GPU" = 1 ] && echo "$PATCHES-gpu") | grep -c '\.patch$')
+    echo "setup: building horovod==$HOROVOD_VERSION with $patches patches" \
          "(about 4 minutes)"
     # --no-cache-dir: never a wheel built before (for another TensorFlow, or without NCCL),
     # which would fail at import (HorovodVersionMismatchError, horovod#2619).
