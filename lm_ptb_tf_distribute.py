@@ -22,7 +22,7 @@ from utils import cli, config, logs
 from utils.checkpoints import Checkpoints, Position
 from utils.model import build
 from utils import training
-from utils.watchdog import Watchdog, chief_work_allowance
+from utils.watchdog import Watchdog, chief_work_allowance, guard_blocking_call
 import tensorflow as tf
 
 COLLECTIVE_ERRORS = (tf.errors.UnavailableError, tf.errors.CancelledError,
@@ -201,7 +201,14 @@ def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     index, addresses = cluster_from_tf_config()  # tf.distribute 1
+    # tf.distribute 9: the strategy waits for every worker of TF_CONFIG, for ever and holding
+    # Python's lock, so a process beside this one ends the wait
+    started = guard_blocking_call(cfg["step_timeout_s"], (
+        f"error: worker {index}: not every worker of TF_CONFIG started within "
+        f"{cfg['step_timeout_s']} s ({', '.join(addresses)}); start each of them (launch/"
+        "tf_config.py does, on one host), or give a longer --set step_timeout_s=N"))
     strategy = make_strategy(index, addresses, args.threads)  # tf.distribute 1, 2
+    started()
     collectives = Collectives(strategy)  # tf.distribute 4-9
     is_chief = index == 0  # tf.distribute 8: worker 0 alone logs, evaluates and saves
     cli.report_stops(is_chief)  # tf.distribute 8
@@ -210,6 +217,7 @@ def main(argv=None):
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
     training.seed_everything(args.seed)
+    watchdog = Watchdog(cfg["step_timeout_s"], index, workers, args.output_dir)  # tf.distribute 9
 
     download_on_chief(collectives, is_chief, args.data_path)  # tf.distribute 6
     corpus = ptb.load_corpus(args.data_path)
@@ -234,7 +242,6 @@ def main(argv=None):
     position = checkpoints.start(args.resume) if is_chief else None
     if workers > 1:  # tf.distribute 4: resume together
         position = resume_together(collectives, is_chief, model, optimizer, position, global_state)
-    watchdog = Watchdog(cfg["step_timeout_s"], index, workers, args.output_dir)  # tf.distribute 9
 
     def train(position):
         """The epochs from `position` (a checkpoints.Position) to the last, then the test."""

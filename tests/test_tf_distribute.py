@@ -128,3 +128,14 @@ def test_two_hosts_over_veth(ptb_path, tmp_path):
         assert p.returncode == 0, stdout + stderr
     assert events(out, "test")[0]["world_size"] == 2
     assert sent > 20 * 4 * 32 * 10000  # 20 steps' gradients hold at least the 32 x 10,000 softmax
+
+
+def test_a_worker_whose_peer_never_starts_stops_in_one_line(corpus, tmp_path):
+    ports = [24110 + os.getpid() % 40, 24150 + os.getpid() % 40]
+    alone = worker(0, ports, [*BOUNDED, "--data_path", corpus, "--output_dir",
+                              str(tmp_path / "alone"), "--set", "step_timeout_s=5"])
+    started = time.monotonic()
+    _, err = alone.communicate(timeout=120)
+    assert alone.returncode != 0 and time.monotonic() - started < 60, err
+    assert err.strip().splitlines()[-1].startswith(
+        "error: worker 0: not every worker of TF_CONFIG started within 5 s"), err

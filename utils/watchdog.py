@@ -7,6 +7,7 @@ launcher (mpirun, horovodrun, srun) ends the job and the allocation is not held 
 Checkpoints are written whole or not at all, so the newest complete one survives.
 """
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -78,3 +79,27 @@ def chief_work_allowance(step_s, train_window, eval_windows):
     windows, rows, num_steps = eval_windows
     tokens_ratio = rows * num_steps / (train_window[0] * train_window[1])
     return 2.0 * windows * step_s * max(1.0, tokens_ratio)
+
+
+# The guard's child: unless its stdin ends (the call returned, or this process is gone) within
+# the time, it prints the line and kills the process, whose own threads cannot run meanwhile.
+_GUARD = """import os, select, signal, sys
+pid, timeout_s, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if not select.select([sys.stdin], [], [], timeout_s)[0]:
+    sys.stderr.write(message + "\\n")
+    sys.stderr.flush()
+    os.kill(pid, signal.SIGKILL)
+"""
+
+
+def guard_blocking_call(timeout_s, message):
+    """For a call into TensorFlow that waits without releasing Python's lock (the strategy's
+    wait for its cluster), where the watchdog thread cannot run: a small child process ends
+    this one with `message` after timeout_s. Returns the function to call once it returned."""
+    guard = subprocess.Popen([sys.executable, "-c", _GUARD, str(os.getpid()), str(timeout_s),
+                              message], stdin=subprocess.PIPE)
+
+    def returned():
+        guard.stdin.close()
+        guard.wait()
+    return returned
