@@ -111,11 +111,7 @@ def parameter_averaging(model, cfg):
 def own_rows(position):
     """Horovod 5: a checkpoint inside an epoch holds the LSTM state of the whole global batch;
     this rank continues its rows of it, whatever the number of ranks that saved it."""
-    if position.state is None:
-        return position
-    rows = len(position.state[0]) // hvd.size()
-    return position._replace(state=[a[hvd.rank() * rows:(hvd.rank() + 1) * rows]
-                                    for a in position.state])
+    return position.rows_of(hvd.rank(), hvd.size())
 
 
 def gather_rows_and_save(checkpoints, is_chief):

@@ -163,14 +163,6 @@ def resume_together(collectives, is_chief, model, optimizer, position, global_st
     return Position(epochs_done, step, float(loss_sum), [s.numpy() for s in state] if step else None)
 
 
-def own_rows(position, index, size):
-    """tf.distribute 5: this worker continues its rows of a checkpoint's global-batch state."""
-    if position.state is None:
-        return position
-    rows = len(position.state[0]) // size
-    return position._replace(state=[a[index * rows:(index + 1) * rows] for a in position.state])
-
-
 def gather_rows_and_save(collectives, checkpoints, is_chief):
     """tf.distribute 5: every worker's rows of the LSTM state, in worker order (row order);
     worker 0 saves the global batch's."""
@@ -237,11 +229,12 @@ def main(argv=None):
                                           replicas=workers)  # tf.distribute 3: summed, so / N
     train_step = distributed(strategy, train_step)  # tf.distribute 3
     eval_step = training.make_eval_step(model)
-    global_state = model.zero_state(cfg["batch_size"])
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, global_state)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
+                              model.zero_state(cfg["batch_size"]))
     position = checkpoints.start(args.resume) if is_chief else None
     if workers > 1:  # tf.distribute 4: resume together
-        position = resume_together(collectives, is_chief, model, optimizer, position, global_state)
+        position = resume_together(collectives, is_chief, model, optimizer, position,
+                                   model.zero_state(cfg["batch_size"]))
 
     def train(position):
         """The epochs from `position` (a checkpoints.Position) to the last, then the test."""
@@ -254,7 +247,7 @@ def main(argv=None):
                                          log_every=args.log_every, workers=workers,
                                          average=average_over_workers(collectives),  # tf.distribute 8
                                          watchdog=watchdog,  # tf.distribute 9
-                                         resume_at=own_rows(position, index, workers)
+                                         resume_at=position.rows_of(index, workers)
                                          if epoch == start_epoch else None,  # tf.distribute 5
                                          save=gather_rows_and_save(collectives, checkpoints,
                                                                    is_chief))  # tf.distribute 5

@@ -21,6 +21,15 @@ def script_env(extra=None):
     return env
 
 
+def need_root():
+    """The network-namespace tests run as root only: skipped for a user, a failure in CI."""
+    import pytest
+    if not IS_ROOT:
+        if os.environ.get("CI"):
+            pytest.fail("the two-host tests need root (ip netns) and must run in CI")
+        pytest.skip("needs root for ip netns")
+
+
 def horovodrun(hosts_file, args, cooldown=None):
     """lm_ptb_elastic.py under horovodrun's elastic driver, 1 to 2 workers, the hosts listed
     by launch/discover_hosts.sh from `hosts_file`; in a session of its own (to be killed whole)."""

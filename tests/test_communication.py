@@ -79,7 +79,7 @@ def test_param_averaging_every_step_equals_gradient_averaging(corpus, tmp_path):
 def test_param_sync_makes_ranks_equal_only_at_syncs(tmp_path):
     import subprocess
     import sys
-    from tests.test_distributed import IS_ROOT
+    from tests.helpers import IS_ROOT
     r = subprocess.run(["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
                         "-np", "2", sys.executable, "-m", "tests.param_sync_probe", "3", "7",
                         str(tmp_path)],

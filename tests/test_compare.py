@@ -4,8 +4,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import REPO, TINY, script_env
-from tests.test_distributed import need_root
+from tests.helpers import REPO, TINY, need_root, script_env
 
 
 def test_compare_runs_both_trainers_on_one_host_and_over_a_link(ptb_path, tmp_path):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from scripts import twohosts
-from tests.helpers import IS_ROOT, REPO, TINY, checkpoint_weights, events, mpirun, run_script
+from tests.helpers import (REPO, TINY, checkpoint_weights, events, mpirun, need_root,
+                           run_script)
 
 # Equivalence: keep_prob 1 and 60 logged steps; one step = 4 rows x 5 tokens of real PTB.
 EQUIV_SET = ["--set", "hidden_size=16", "--set", "batch_size=4", "--set", "num_steps=5",
@@ -93,13 +94,6 @@ def test_ranks_with_other_data_or_flags_stop_all(what, ptb_path, tmp_path):
     assert f"error: ranks started with different {key} (per rank: " in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
-
-
-def need_root():
-    if not IS_ROOT:
-        if os.environ.get("CI"):
-            pytest.fail("the two-host tests need root (ip netns) and must run in CI")
-        pytest.skip("needs root for ip netns")
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import sys
 import time
 
 from scripts import twohosts
-from tests.helpers import REPO, TINY, events, run_script, script_env
-from tests.test_distributed import need_root
+from tests.helpers import REPO, TINY, events, need_root, run_script, script_env
 
 BOUNDED = ["--config", TINY, "--set", "num_epochs=1", "--set", "steps_per_epoch=30",
            "--set", "eval_steps=5", "--log_every", "5"]

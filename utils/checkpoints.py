@@ -33,6 +33,14 @@ class Position(NamedTuple):
     loss_sum: float = 0.0
     state: list = None
 
+    def rows_of(self, rank, size):
+        """This position for worker `rank` of `size`: its rows [rank*B/size, (rank+1)*B/size)
+        of the global batch's state, whatever the number of workers that saved it."""
+        if self.state is None:
+            return self
+        rows = len(self.state[0]) // size
+        return self._replace(state=[a[rank * rows:(rank + 1) * rows] for a in self.state])
+
 
 class _InEpoch(tf.Module):
     def __init__(self, state_template):
