@@ -5,12 +5,13 @@
 For the small and medium configs, lm_ptb_distributed.py (Horovod, under mpirun) and
 lm_ptb_tf_distribute.py (MultiWorkerMirroredStrategy, ring all-reduce over gRPC) train with 2
 workers of one thread each: on this host, and on two "hosts" (network namespaces joined by a
-veth pair, unlimited and shaped to 1 Gbit/s and 100 Mbit/s by a token bucket). Within each
+veth pair, shaped to 10 Gbit/s, 1 Gbit/s and 100 Mbit/s by a token bucket; and joined by the
+network study's TUN relay that holds each packet 10 ms each way). Within each
 round the two run one right after the other, on the same link; ratios are medians of the
 within-round ratios. Per run: the mean step time after the first logged window, the time from
 launch to the end of that window (start-up, tracing and the first steps), the bytes host a
 sends per training step (read on the link's counters) and worker 0's peak RSS. Also the lines
-each script adds to lm_ptb.py. Writes results/compare.json and prints the table.
+each script adds to lm_ptb.py. Writes results/compare.json and .png, and prints the table.
 """
 import argparse
 import json
@@ -34,6 +35,7 @@ from utils.config import DEFAULT_DATA_PATH  # noqa: E402
 
 SCRIPTS = {"Horovod": "lm_ptb_distributed.py", "tf.distribute": "lm_ptb_tf_distribute.py"}
 LINKS = {"10 Gbit/s": 10000, "1 Gbit/s": 1000, "100 Mbit/s": 100}  # besides "this host"
+DELAYS_MS = {"+10 ms each way": 10}  # the network study's relay: latency, not bandwidth
 PORT = 23456
 
 
@@ -106,6 +108,27 @@ def compare_link(link, config_name, steps, data_path, rounds, hosts=None):
     return row
 
 
+def plot(rows, path):
+    """Words/sec of both trainers per link, one panel per config: results/compare.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        panel = [r for r in rows if r["config"] == name]
+        for k, kind in enumerate(SCRIPTS):
+            ax.bar([i + 0.4 * k for i in range(len(panel))],
+                   [r[f"{kind} words_per_s"] for r in panel], 0.4, label=kind)
+        ax.set_xticks([i + 0.2 for i in range(len(panel))], [r["link"] for r in panel],
+                      fontsize=8)
+        ax.set(ylabel="words/sec, 2 workers x 1 thread",
+               title=f"{os.path.basename(name).removesuffix('.py').replace('config_', '')}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small only, 1 round, 2 links")
@@ -119,9 +142,9 @@ def main(argv=None):
     # SIGTERM must unwind too, so the namespaces are deleted and no worker is left behind.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("error: stopped by SIGTERM"))
     configs = {"config_small": 60, "config_medium": 24}
-    links, rounds = LINKS, 3
+    links, delays, rounds = LINKS, DELAYS_MS, 3
     if args.quick:
-        configs, links, rounds = {"config_small": 30}, {"1 Gbit/s": 1000}, 1
+        configs, links, delays, rounds = {"config_small": 30}, {"1 Gbit/s": 1000}, {}, 1
     if args.config:
         configs = {args.config: configs.get(args.config, 30)}
     if args.steps:
@@ -135,16 +158,20 @@ def main(argv=None):
             for link, rate in links.items():
                 twohosts.shape(hosts, rate)
                 rows.append(compare_link(link, name, steps, args.data_path, rounds, hosts))
+        for link, delay in delays.items():
+            with twohosts.two_hosts_delayed(delay) as hosts:
+                rows.append(compare_link(link, name, steps, args.data_path, rounds, hosts))
     result = {"command": " ".join(["python scripts/compare.py", *(argv or sys.argv[1:])]),
               "cpu": cpu_model(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
               "rows": rows, "lines_added_to_lm_ptb": {k: lines_added(s) for k, s in SCRIPTS.items()}}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    plot(rows, os.path.splitext(args.out)[0] + ".png")
     for kind, n in result["lines_added_to_lm_ptb"].items():
         print(f"  {kind}: {SCRIPTS[kind]} adds {n['added']} lines to lm_ptb.py, changes "
               f"{n['removed']}")
-    print(f"  written to {args.out}")
+    print(f"  written to {args.out} and its .png")
 
 
 if __name__ == "__main__":

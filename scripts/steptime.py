@@ -9,6 +9,8 @@ this shared VM's speed over minutes cancels out of the ratios, which a run per v
 A variant is LABEL=PYTHON[:NAME=VALUE,...] (TF_NUM_INTEROP_THREADS=1, say, for its own thread
 count); ratios are against the first variant's step time
 (above 1: slower). Random ids, the config's real shapes; the steps are the trainers' own.
+With --loop a burst is the trainers' own epoch loop (training.train_epoch) over that many
+real PTB windows instead: the step plus what the trainer does around it.
 """
 import argparse
 import json
@@ -37,9 +39,16 @@ def parse_variant(text):
     return label, python, env
 
 
-def serve(config_name, threads, batch):
+class _Quiet:
+    """train_epoch's log, for a burst: progress lines are not wanted."""
+    def progress(self, *args, **kwargs):
+        pass
+
+
+def serve(config_name, threads, batch, data_path=None):
     """A worker: build the model and its train step, warm up, then on each 'N' line from the
-    driver run N steps and answer with the seconds they took."""
+    driver run N steps (with data_path: train_epoch over N real windows, each burst at the
+    next ones) and answer with the seconds they took."""
     import utils  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow, where tf-keras is)
     import tensorflow as tf
     from utils import config, training
@@ -59,6 +68,8 @@ def serve(config_name, threads, batch):
     for _ in range(3):  # tracing and warm-up
         loss, state = step(ids, ids, state)
     float(loss)
+    if data_path:
+        return serve_loop(step, model, cfg, batch, data_path)
     print(f"ready TensorFlow {tf.__version__}", flush=True)
     for line in sys.stdin:
         t0 = time.perf_counter()
@@ -68,9 +79,28 @@ def serve(config_name, threads, batch):
         print(time.perf_counter() - t0, flush=True)
 
 
+def serve_loop(step, model, cfg, batch, data_path):
+    import tensorflow as tf
+    from data import ptb
+    from utils import training
+    x, y = ptb.windows(ptb.load_corpus(data_path).train, batch, cfg["num_steps"], "train")
+    at = 0
+    print(f"ready TensorFlow {tf.__version__}", flush=True)
+    for line in sys.stdin:
+        n = int(line)
+        at = at if at + n <= len(x) else 0
+        t0 = time.perf_counter()
+        training.train_epoch(step, model, x[at:at + n], y[at:at + n], 0,
+                             dict(cfg, batch_size=batch, steps_per_epoch=n), _Quiet(),
+                             log_every=n)
+        print(time.perf_counter() - t0, flush=True)
+        at += n
+
+
 def start_worker(label, python, env, args):
     cmd = [python, os.path.abspath(__file__), "--serve", "--config", args.config,
-           "--threads", str(args.threads), "--batch_size", str(args.batch_size)]
+           "--threads", str(args.threads), "--batch_size", str(args.batch_size),
+           *(["--loop", "--data_path", args.data_path] if args.loop else [])]
     try:
         proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env=child_env(TF_CPP_MIN_LOG_LEVEL="3", **env))
@@ -118,21 +148,31 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=0, help="0: the config's")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--steps", type=int, default=10, help="steps a burst")
+    p.add_argument("--loop", action="store_true",
+                   help="time the trainers' epoch loop over real PTB windows, not the step alone")
+    p.add_argument("--data_path", default=os.environ.get("PTB_DATA_PATH", "data/ptb"))
     p.add_argument("--out", default="")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        return serve(args.config, args.threads, args.batch_size)
+        return serve(args.config, args.threads, args.batch_size,
+                     args.data_path if args.loop else None)
     try:
         variants = [parse_variant(v) for v in args.variant]
         if len(variants) < 2:
             raise ConfigError("give two --variant or more: the first is what the others are "
                               "measured against")
+        if args.loop:
+            from data import ptb
+            if ptb.missing_files(args.data_path):
+                raise ConfigError(f"--loop: no PTB files in {args.data_path}; give --data_path "
+                                  "or PTB_DATA_PATH (make data fetches them)")
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     from scripts.record_env import cpu_model
     result = measure(variants, args)
-    print(f"{args.config} train step, {args.threads} threads, {cpu_model()}, {args.rounds} rounds "
+    what = "train_epoch loop (real windows)" if args.loop else "train step"
+    print(f"{args.config} {what}, {args.threads} threads, {cpu_model()}, {args.rounds} rounds "
           f"of {args.steps} steps in turns; ratio: median of within-round ratios to the first")
     for label, r in result.items():
         extra = " ".join(f"{k}={v}" for k, v in r["env"].items())
@@ -140,7 +180,7 @@ def main(argv=None):
               f"{', ' + extra if extra else ''})")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"config": args.config, "threads": args.threads, "cpu": cpu_model(),
+            json.dump({"config": args.config, "what": what, "threads": args.threads, "cpu": cpu_model(),
                        "rounds": args.rounds, "steps": args.steps, "variants": result}, f,
                       indent=1)
     return result

@@ -27,3 +27,4 @@ def test_compare_runs_both_trainers_on_one_host_and_over_a_link(ptb_path, tmp_pa
         assert over_link[f"{kind} bytes_per_step"] > 0.5 * 4 * 32 * 10000, kind
     assert result["lines_added_to_lm_ptb"]["tf.distribute"]["added"] > 0
     assert "ratio" in r.stdout and "written to" in r.stdout
+    assert (tmp_path / "compare.png").stat().st_size > 0

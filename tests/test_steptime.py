@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import REPO, TINY, script_env
+from tests.helpers import REPO, TINY, patterned_sentences, script_env, write_corpus
 
 STEPTIME = [sys.executable, "scripts/steptime.py", "--config", TINY, "--threads", "1"]
 
@@ -44,3 +44,24 @@ def test_bad_variants_are_refused_in_one_line():
         assert r.returncode != 0, args
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), (args, r.stderr)
+
+
+def test_loop_times_the_trainers_epoch_loop_over_real_windows(tmp_path):
+    data = write_corpus(tmp_path / "ptb", patterned_sentences(600), patterned_sentences(50, 1),
+                        patterned_sentences(50, 2))
+    out = tmp_path / "loop.json"
+    r = run("--variant", f"a={sys.executable}", "--variant", f"b={sys.executable}", "--loop",
+            "--data_path", str(data), "--rounds", "12", "--steps", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert result["what"].startswith("train_epoch loop")
+    # 12 bursts of 2 windows pass the end of the 21 windows and start over: none fails
+    assert all(len(v["bursts_ms"]) == 12 for v in result["variants"].values())
+    assert "train_epoch loop" in r.stdout
+
+
+def test_loop_without_the_corpus_is_refused_in_one_line(tmp_path):
+    r = run("--variant", f"a={sys.executable}", "--variant", f"b={sys.executable}", "--loop",
+            "--data_path", str(tmp_path))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "no PTB files" in lines[0], r.stderr
