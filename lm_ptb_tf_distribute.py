@@ -91,6 +91,10 @@ class Collectives:
                                                       tf.identity(x)) for x in t],
                                args=tuple(tensors))
             return [strategy.experimental_local_results(t)[0] for t in out]
+        # Traced once per call site's tensor list (a handful: the download flag, the
+        # fingerprints, the weights, the loss...): not the loop TensorFlow's frequent-retracing
+        # warning is about, which would otherwise print at every start.
+        run._omit_frequent_tracing_warning = True
         if strategy.num_replicas_in_sync == 1:
             return lambda tensors: [tf.convert_to_tensor(t) for t in tensors]
         return lambda tensors: run([tf.convert_to_tensor(t) for t in tensors])
@@ -209,7 +213,8 @@ def main(argv=None):
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
     training.seed_everything(args.seed)
-    watchdog = Watchdog(cfg["step_timeout_s"], index, workers, args.output_dir)  # tf.distribute 9
+    watchdog = Watchdog(cfg["step_timeout_s"], index, workers, args.output_dir,  # tf.distribute 9
+                        role="worker")  # tf.distribute 9
 
     download_on_chief(collectives, is_chief, args.data_path)  # tf.distribute 6
     corpus = ptb.load_corpus(args.data_path)

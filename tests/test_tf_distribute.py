@@ -138,3 +138,49 @@ def test_a_worker_whose_peer_never_starts_stops_in_one_line(corpus, tmp_path):
     assert alone.returncode != 0 and time.monotonic() - started < 60, err
     assert err.strip().splitlines()[-1].startswith(
         "error: worker 0: not every worker of TF_CONFIG started within 5 s"), err
+
+
+def launcher_children(launcher):
+    """The launcher's workers, by their TF_CONFIG index."""
+    workers = {}
+    with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
+        for pid in map(int, f.read().split()):
+            with open(f"/proc/{pid}/environ", "rb") as env:
+                for item in env.read().split(b"\0"):
+                    if item.startswith(b"TF_CONFIG="):
+                        workers[json.loads(item[10:])["task"]["index"]] = pid
+    return workers
+
+
+def test_a_frozen_worker_ends_the_job_in_one_line_and_resume_continues(corpus, tmp_path):
+    """A stopped worker (a frozen node) stops sending the coordination service's heartbeats:
+    the strategy itself fails the other's collective after about 10 s, before the step
+    watchdog's 60 s, and the launcher then ends the stopped one (SIGKILL after --grace)."""
+    run = tmp_path / "run"
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", str(run), "--log_every",
+            "5", "--set", "num_epochs=3", "--set", "step_timeout_s=60"]
+    launcher = subprocess.Popen([sys.executable, "launch/tf_config.py", "-n", "2", "--grace", "5",
+                                 "--", sys.executable, "lm_ptb_tf_distribute.py", *args],
+                                cwd=REPO, env=script_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / "metrics.jsonl").exists() and events(run, "epoch")):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no epoch"
+            time.sleep(0.5)
+        os.kill(launcher_children(launcher)[1], signal.SIGSTOP)
+        started = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode != 0 and elapsed < 45, (launcher.returncode, elapsed, err)
+    assert "stopped sending heartbeats" in err, err
+    assert err.strip().splitlines()[-1].startswith(
+        "error: worker 0: a collective with the other workers failed"), err
+    assert "Traceback" not in err and "retracing" not in err, err
+    r = launch(2, [*args, "--resume"])
+    assert r.returncode == 0, r.stderr
+    assert [e["epoch"] for e in events(run, "epoch")][-2:] == [2, 3]

@@ -22,9 +22,10 @@ class Watchdog:
     """`expect(what)` before each step gives it step_timeout_s seconds (WARM_UP_S more the first
     time `what` is seen); `expect(what, extra_s=...)` allows more for a known wait."""
 
-    def __init__(self, step_timeout_s, rank, size, output_dir):
+    def __init__(self, step_timeout_s, rank, size, output_dir, role="rank"):
         self.timeout_s = step_timeout_s
-        self.where = f"rank {rank} of {size}"
+        self.role = role  # what the launcher calls a process: Horovod's rank, tf.distribute's worker
+        self.where = f"{role} {rank} of {size}"
         self.output_dir = output_dir
         self._seen = set()
         self._deadline = None
@@ -64,7 +65,7 @@ class Watchdog:
 
     def message(self):
         return (f"error: {self.where}: {self._what} did not finish in {self._allowed_s:.0f} s, so "
-                "a peer rank is probably stopped or hung (or this host is that slow); the "
+                f"a peer {self.role} is probably stopped or hung (or this host is that slow); the "
                 f"checkpoint of the last finished epoch is kept in {self.output_dir}: relaunch "
                 "with --resume (and --set step_timeout_s=N if the steps are really that slow)")
 
