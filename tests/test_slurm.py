@@ -21,6 +21,16 @@ def cluster(tmp_path_factory):
         yield running
 
 
+def submit(cluster, ptb_path, out, job_log, extra_env, *trainer_args):
+    """sbatch launch/slurm.sbatch with 2 tasks on the tiny config; returns the job id."""
+    env = dict(cluster.env, CONFIG=TINY, PTB_DATA_PATH=ptb_path, OUTPUT_DIR=out,
+               PYTHON=sys.executable, PYTHONUNBUFFERED="1", **extra_env)
+    r = cluster.run("sbatch", "--parsable", "-n", "2", f"--output={job_log}",
+                    "launch/slurm.sbatch", "--log_every", "5", *trainer_args, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0]
+
+
 def wait_for_checkpoint_then_more(run_dir, cluster, job, epoch, timeout=180):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -35,18 +45,11 @@ def wait_for_checkpoint_then_more(run_dir, cluster, job, epoch, timeout=180):
 
 def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(cluster, ptb_path,
                                                                            tmp_path):
-    out = str(tmp_path / "run")
-    job_log = str(tmp_path / "job.out")
-    env = dict(cluster.env, CONFIG=TINY, PTB_DATA_PATH=ptb_path, OUTPUT_DIR=out,
-               PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    out, job_log = str(tmp_path / "run"), str(tmp_path / "job.out")
     # Epochs of 600 steps (real PTB): the TERM sent a few steps into epoch 2 must land in it.
     # On the 60-step epochs of the small test corpus a loaded machine once let epoch 2 end first.
-    r = cluster.run("sbatch", "--parsable", "-n", "2", f"--output={job_log}",
-                    "launch/slurm.sbatch", "--log_every", "5", "--set", "num_epochs=3",
-                    "--set", "steps_per_epoch=600", "--set", "eval_steps=10",
-                    cwd=REPO, env=env)
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.strip().split(";")[0]
+    job = submit(cluster, ptb_path, out, job_log, {}, "--set", "num_epochs=3",
+                 "--set", "steps_per_epoch=600", "--set", "eval_steps=10")
 
     wait_for_checkpoint_then_more(out, cluster, job, epoch=1)
     assert cluster.run("scancel", "--signal=TERM", job).returncode == 0
@@ -76,3 +79,27 @@ def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(clust
     epochs = events(out, "epoch")
     assert [(e["epoch"], e["world_size"]) for e in epochs] == [(1, 2), (2, 2), (3, 2)]
     assert events(out, "test")[-1]["world_size"] == 2
+
+
+def test_sbatch_with_tf_distribute_trains_with_2_tasks(cluster, ptb_path, tmp_path):
+    """TRAINER=tf.distribute: each srun task gets its TF_CONFIG from launch/tf_config.py
+    --slurm, and the two workers train together."""
+    out, job_log = str(tmp_path / "run"), str(tmp_path / "job.out")
+    job = submit(cluster, ptb_path, out, job_log, {"TRAINER": "tf.distribute"},
+                 "--set", "num_epochs=1", "--set", "steps_per_epoch=20", "--set", "eval_steps=5")
+    assert cluster.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=240) == "COMPLETED", \
+        open(job_log).read() + cluster.logs()
+    assert [e["world_size"] for e in events(out, "test")] == [2]
+    assert open(job_log).read().count("test ppl") == 1  # worker 0 alone reports
+
+
+def test_tf_config_slurm_outside_srun_is_one_line_and_counts_expand():
+    sys.path.insert(0, os.path.join(REPO, "launch"))
+    import tf_config
+    assert tf_config.expand_counts("2(x3),1") == [2, 2, 2, 1]
+    assert tf_config.expand_counts("4") == [4]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run([sys.executable, "launch/tf_config.py", "--slurm", "--", "true"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "run it under srun" in lines[0], r.stderr
