@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import heapq
 import os
+import re
 import select
 import signal
 import struct
@@ -31,7 +32,8 @@ def namespaces(device_prefix):
     """Two fresh namespaces with loopback up. Yields [(namespace, address, device name)] for
     hosts a and b; the caller makes the devices. Afterwards the namespaces go, and with them
     the devices moved into them; a device still outside (setup failed first) is deleted too."""
-    tag = uuid.uuid4().hex[:6]
+    delete_orphans()
+    tag = f"{os.getpid()}x{uuid.uuid4().hex[:2]}"  # device names stay under 16 characters
     hosts = [(f"ptb{tag}{h}", address, f"{device_prefix}{tag}{h}")
              for h, address in (("a", "192.0.2.1"), ("b", "192.0.2.2"))]
     try:
@@ -43,6 +45,25 @@ def namespaces(device_prefix):
         for ns, _, device in hosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             subprocess.run(["ip", "link", "del", "dev", device], capture_output=True)
+
+
+def delete_orphans():
+    """Delete the namespaces of a run that was killed before it could (SIGKILL, a session's
+    end): their name holds the pid of the process that made them."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for ns in (line.split()[0] for line in listed.splitlines() if line.strip()):
+        made_by = re.fullmatch(r"ptb(\d+)x[0-9a-f]{2}[ab]", ns)
+        if made_by and not alive(int(made_by.group(1))):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def alive(pid):
+    """True if pid runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def attach(hosts, *link_settings):
@@ -136,10 +157,18 @@ def tx_bytes(host):
     return int(out)
 
 
+def netns_of(hosts):
+    """The map scripts/netns_rsh reads: "ADDRESS=NAMESPACE ..."."""
+    return " ".join(f"{address}={ns}" for ns, address, _ in hosts)
+
+
 def mpirun_command(hosts, trainer_args, wrapper=()):
     """mpirun in host a's namespace, one rank per host, in the README's two-host shape."""
     (ns_a, addr_a, _), (_, addr_b, _) = hosts
-    return ["ip", "netns", "exec", ns_a, "mpirun", "--allow-run-as-root",
+    # netns_rsh finds each host's namespace by this map, not by address: every pair made
+    # here has the same two addresses, and another run's pair may exist at the same time.
+    return ["ip", "netns", "exec", ns_a, "env", f"NETNS_OF={netns_of(hosts)}",
+            "mpirun", "--allow-run-as-root",
             "-np", "2", "-H", f"{addr_a}:1,{addr_b}:1", "-bind-to", "none", "-map-by", "slot",
             "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONUNBUFFERED=1",
             "-mca", "plm_rsh_agent", os.path.join(REPO, "scripts", "netns_rsh"),

@@ -98,9 +98,57 @@ def test_ranks_with_other_data_or_flags_stop_all(what, ptb_path, tmp_path):
 
 @pytest.fixture
 def hosts():
+    """Two hosts, made while another pair with the same two addresses exists (another run's)."""
     need_root()
-    with twohosts.two_hosts() as made:
+    with twohosts.two_hosts(), twohosts.two_hosts() as made:
         yield made
+
+
+def netns_inode(ns):
+    return subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_launch_agent_finds_each_pair_of_hosts_by_its_map_not_by_address():
+    need_root()
+    agent = os.path.join(REPO, "scripts", "netns_rsh")
+    with twohosts.two_hosts() as first, twohosts.two_hosts() as second:
+        for pair in (first, second):
+            env = {**os.environ, "NETNS_OF": twohosts.netns_of(pair)}
+            for ns, address, _ in pair:
+                r = subprocess.run([agent, address, "readlink", "/proc/self/ns/net"], env=env,
+                                   capture_output=True, text=True, timeout=30)
+                assert r.returncode == 0 and r.stdout.strip() == netns_inode(ns), r.stderr
+        r = subprocess.run([agent, "192.0.2.9", "true"], capture_output=True, text=True,
+                           env={**os.environ, "NETNS_OF": twohosts.netns_of(first)}, timeout=30)
+    assert r.returncode == 255 and r.stderr.count("\n") == 1
+    assert "host 192.0.2.9 is not in NETNS_OF" in r.stderr
+
+
+MAKE_HOSTS_AND_WAIT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from scripts import twohosts
+with twohosts.two_hosts() as hosts:
+    print(" ".join(ns for ns, _, _ in hosts), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_namespaces_of_a_killed_run_are_deleted_by_the_next():
+    need_root()
+    maker = subprocess.Popen([sys.executable, "-c", MAKE_HOSTS_AND_WAIT, REPO],
+                             stdout=subprocess.PIPE, text=True)
+    orphans = maker.stdout.readline().split()
+    maker.kill()
+    maker.wait()
+
+    def listed():
+        return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+    assert len(orphans) == 2 and all(ns in listed() for ns in orphans)
+    with twohosts.two_hosts():
+        assert not [ns for ns in orphans if ns in listed()]
 
 
 ECHO_SERVER = """
@@ -170,9 +218,7 @@ def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = {p: (marker / p).read_text().strip() for p in ("rank0", "rank1")}
-    namespaces = [subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
-                                 capture_output=True, text=True).stdout.strip()
-                  for ns, _, _ in hosts]
+    namespaces = [netns_inode(ns) for ns, _, _ in hosts]
     assert ranks == {"rank0": namespaces[0], "rank1": namespaces[1]} and len(set(namespaces)) == 2
     test_event = events(out, "test")[0]
     assert test_event["world_size"] == 2 and test_event["test_ppl"] > 0

@@ -36,6 +36,8 @@ COVERED = {
         "tests/test_elastic.py::test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes",
     "sbatch launch/slurm.sbatch": "tests/test_slurm.py::"
     "test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues",
+    "TRAINER=tf.distribute sbatch launch/slurm.sbatch":
+        "tests/test_slurm.py::test_sbatch_with_tf_distribute_trains_with_2_tasks",
     "python launch/tf_config.py -n 2 -- python lm_ptb_tf_distribute.py --config config_small":
         "tests/test_tf_distribute.py::test_two_workers_train_as_one_process_and_worker_0_alone_reports",
     "make reproduce CONFIG=config_medium":
