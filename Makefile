@@ -17,7 +17,7 @@ RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
-.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status venv-tf2.15
+.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status venv-tf2.15 gpu-build-check
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -75,6 +75,11 @@ results: setup
 
 netstudy: setup data
 	$(PY) scripts/netstudy.py --data_path $(PTB_DATA_PATH)
+
+# GPU=1 setup built up to the device in a fresh Debian 13 root with CUDA 12.4, and a 2-rank run of
+# that build on the CPU against the CPU build's (as root; about 6 GB of downloads; docs/gpu.md).
+gpu-build-check:
+	scripts/gpu_build_check.sh
 
 # Horovod against tf.distribute, 2 workers, side by side in turns (as root: network namespaces).
 compare: setup data

@@ -7,9 +7,9 @@
 #   3. Horovod 0.28.1 from PyPI's source, patched by scripts/patches/horovod-0.28.1/ (one file
 #      per cause: new compilers and TensorFlow; GPU=1 adds horovod-0.28.1-gpu/), built against
 #      that TensorFlow with MPI and Gloo
-# GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL;
-# it first checks for a CUDA 12 nvcc and NCCL's headers and stops, changing nothing, without
-# them (docs/gpu.md).
+# GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL
+# (the system's, else the nvidia-nccl-cu12 wheel's); it first checks for a CUDA 12 nvcc and
+# stops, changing nothing, without one (docs/gpu.md; make gpu-build-check proves it here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOROVOD_VERSION=0.28.1
@@ -34,10 +34,9 @@ if [ "$GPU" = 1 ]; then
              "put a CUDA 12.x toolkit's nvcc first on PATH (docs/gpu.md)" >&2
         exit 1
     fi
-    nccl_home=${HOROVOD_NCCL_HOME:-/usr}
-    if [ ! -f "$nccl_home/include/nccl.h" ]; then
-        echo "error: GPU=1: no nccl.h in $nccl_home/include; install libnccl2 libnccl-dev, or" \
-             "set HOROVOD_NCCL_HOME to the nvidia-nccl-cu12 wheel's nvidia/nccl folder" \
+    if [ -n "${HOROVOD_NCCL_HOME:-}" ] && [ ! -f "$HOROVOD_NCCL_HOME/include/nccl.h" ]; then
+        echo "error: GPU=1: no nccl.h in HOROVOD_NCCL_HOME=$HOROVOD_NCCL_HOME/include; unset it" \
+             "to use the system's NCCL (libnccl-dev) or else the nvidia-nccl-cu12 wheel's" \
              "(docs/gpu.md)" >&2
         exit 1
     fi
@@ -102,6 +101,28 @@ if [ ${#missing[@]} -gt 0 ]; then
     $sudo apt-get update -q
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
 fi
+if [ "$GPU" = 1 ]; then
+    # Horovod compiles its CUDA kernels with the C++ compiler as nvcc's host compiler, and each
+    # nvcc accepts gcc only up to some version (CUDA 12.4: 13; Debian 13's g++ is 14). So try
+    # nvcc on the compiler the build would use, and if it names its newest, take that g++-N.
+    probe=$(mktemp -d)
+    echo '__global__ void probe() {}' >"$probe/probe.cu"
+    host_cxx=${CXX:-g++}
+    if ! out=$(nvcc -ccbin "$host_cxx" -c "$probe/probe.cu" -o "$probe/probe.o" 2>&1); then
+        newest=$(sed -n 's/.*gcc versions later than \([0-9]*\) are not supported.*/\1/p' <<<"$out")
+        if [ -n "$newest" ] && [ -z "${CXX:-}" ] && command -v "g++-$newest" >/dev/null &&
+           nvcc -ccbin "g++-$newest" -c "$probe/probe.cu" -o "$probe/probe.o" >/dev/null 2>&1; then
+            export CXX=g++-$newest CC=gcc-$newest
+        else
+            rm -rf "$probe"
+            echo "error: GPU=1: nvcc (CUDA $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))" \
+                 "cannot compile with $host_cxx: $(grep -m1 -i error <<<"$out");" \
+                 "install a g++ it supports${newest:+ (g++-$newest)} or set CXX to one (docs/gpu.md)" >&2
+            exit 1
+        fi
+    fi
+    rm -rf "$probe"
+fi
 
 if [ -n "$python" ]; then
     if ! "$python" -m venv "$VENV"; then
@@ -118,8 +139,23 @@ if [ "$GPU" = 1 ]; then
     "$VENV/bin/python" -m pip install -q -r "$VENV/requirements-gpu.txt" "tensorflow[and-cuda]==$tf_pin"
     # Native code for Volta (7.0) to Hopper (9.0); by default Horovod builds every architecture
     # its nvcc knows, which takes far longer.
-    gpu_build=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="${HOROVOD_NCCL_HOME:-/usr}"
+    gpu_build=(HOROVOD_GPU_OPERATIONS=NCCL
                HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-70,75,80,86,89,90}")
+    if [ -n "${HOROVOD_NCCL_HOME:-}" ]; then
+        gpu_build+=(HOROVOD_NCCL_HOME="$HOROVOD_NCCL_HOME")
+    elif [ -f /usr/include/nccl.h ]; then
+        gpu_build+=(HOROVOD_NCCL_HOME=/usr)
+    else
+        # The NCCL that tensorflow[and-cuda] brings (nvidia-nccl-cu12): it has libnccl.so.2 but
+        # no libnccl.so for the linker, and Horovod's library must find it at run time without
+        # LD_LIBRARY_PATH, hence the link and the rpath.
+        nccl=$("$VENV/bin/python" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])')
+        ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"
+        gpu_build+=(HOROVOD_NCCL_HOME="$nccl" HOROVOD_NCCL_LINK=SHARED
+                    LDFLAGS="${LDFLAGS:-} -Wl,-rpath,$nccl/lib")
+    fi
+    echo "setup: NCCL from ${gpu_build[2]#HOROVOD_NCCL_HOME=}, nvcc $(command -v nvcc)" \
+         "($(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p')), host compiler ${CXX:-g++}"
     built='h.mpi_built() and h.nccl_built()'
 else
     "$VENV/bin/python" -m pip install -q -r "$REQUIREMENTS"
@@ -169,4 +205,4 @@ if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
 fi
 "$VENV/bin/python" -c "import sys, utils, horovod.tensorflow as h, tensorflow as tf; \
 print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
-      f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()})')"
+      f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()} NCCL={bool(h.nccl_built())})')"

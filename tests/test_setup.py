@@ -1,5 +1,6 @@
 """scripts/setup.sh's refusals, each before it installs anything: an unsupported Python, a
-Horovod patch that does not apply, and GPU mode on this machine, which has no GPU."""
+Horovod patch that does not apply, GPU mode on this machine, which has no GPU, and the two
+Debian-root checks (fresh machine, GPU build) without their data."""
 import glob
 import os
 import shutil
@@ -142,3 +143,16 @@ def test_the_fresh_machine_check_refuses_missing_data_in_one_line_and_leaves_not
     one_error_line(r, "error: PTB_DATA_PATH must name" if os.geteuid() == 0 else
                    "error: fresh_machine.sh needs root")
     assert set(glob.glob("/tmp/ptb-fresh-*")) == before
+
+
+def test_the_gpu_build_check_refuses_missing_data_in_one_line_and_leaves_nothing(tmp_path):
+    """scripts/gpu_build_check.sh (make gpu-build-check) before it makes its root or its log."""
+    before = set(glob.glob("/tmp/ptb-gpu-*"))
+    log = tmp_path / "gpu-build-check.log"
+    r = subprocess.run([shutil.which("bash"), os.path.join(REPO, "scripts", "gpu_build_check.sh")],
+                       capture_output=True, text=True, timeout=60,
+                       env={"PATH": os.environ["PATH"], "PTB_DATA_PATH": str(tmp_path),
+                            "LOG": str(log)})
+    one_error_line(r, "error: PTB_DATA_PATH must name" if os.geteuid() == 0 else
+                   "error: gpu_build_check.sh needs root")
+    assert set(glob.glob("/tmp/ptb-gpu-*")) == before and not log.exists()
