@@ -41,8 +41,8 @@ echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --shor
 
 # shellcheck source=scripts/debian_root.sh
 . scripts/debian_root.sh
-stage "debootstrap --variant=minbase --components=main,non-free $SUITE into $ROOT"
-root_debootstrap "$SUITE" "$MIRROR" main,non-free
+stage "debootstrap --variant=minbase --components=main,contrib,non-free $SUITE into $ROOT"
+root_debootstrap "$SUITE" "$MIRROR" main,contrib,non-free
 root_carry_pip
 stage "apt-get install git make python3 python3-venv sudo nvidia-cuda-toolkit"
 root_apt_install --no-install-recommends git make python3 python3-venv sudo ca-certificates \
