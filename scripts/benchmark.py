@@ -4,10 +4,12 @@
 
 Every words/sec figure is the median over timed windows of the trainer's own progress
 events (`--log_every` steps each), the first window (tracing, warm-up) left out; for trainers
-run side by side, all their words over the time all of them ran. The full mode runs the
-small-config runs in 3 rounds, one after the other within each round, and gives each speedup as
-the median of the ratios within a round, so that a drift of this shared machine's speed between
-rounds does not become a speedup.
+run side by side, all their words over the time all of them ran. The full mode runs every
+row (small, medium and large: one process on all cores, 2 ranks of one thread, the PyTorch
+peer) in 3 rounds, one after the other within each round, and gives each ratio as the median
+of the ratios within a round, so that a drift of this shared machine's speed between rounds
+does not become a speedup. Each config's single process is also given as its share of the
+words/sec the measured fp32 matmul ceiling would allow (FLOPs per word below).
 """
 import argparse
 import json
@@ -29,6 +31,7 @@ from utils.config import DEFAULT_DATA_PATH  # noqa: E402
 from scripts.record_env import cpu_model  # noqa: E402
 
 VOCAB = 10000
+SIZES = ("small", "medium", "large")
 
 
 def flops_per_word(cfg, vocab=VOCAB):
@@ -409,7 +412,8 @@ def write_result(result, path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer steps; under 3 minutes")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer steps, one round, no large rows; under 4 minutes")
     p.add_argument("--tune", action="store_true",
                    help="only Horovod's settings and parameter averaging for 2 ranks on this host "
                         "(about 15 minutes)")
@@ -423,8 +427,10 @@ def main(argv=None):
                    help="another venv's interpreter (another TensorFlow, say: make venv-tf2.15): "
                         "the trainer rows run by it too, in turns with ours, and their ratios")
     args = p.parse_args(argv)
-    small = config.load_config("config_small")
-    steps = (100, 40) if args.quick else (600, 100)  # (small, medium), at 10 steps a window
+    sizes = ("small", "medium") if args.quick else SIZES
+    # steps a run, at 10 steps a window (the first one, tracing, left out)
+    steps = {"small": 100, "medium": 40} if args.quick else \
+        {"small": 600, "medium": 100, "large": 60}
     py = [sys.executable]
     mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
               "--oversubscribe", "-bind-to", "none"]
@@ -447,29 +453,32 @@ def main(argv=None):
     profile = profile_small(reps)
     ablation = ablations(reps)
     evaluation = eval_cost(args.data_path, *((4, 100) if args.quick else (8, 300)))
-    ceiling = gflops * 1e9 / flops_per_word(small)
-    rows, result = [], {"cores": cores, "cpu": cpu_model(), "matmul_gflops": gflops,
-                        "small_step_profile_ms": profile, "valid_eval_cost": evaluation,
-                        "ablation_fwd_bwd_ms": ablation,
-                        "small_flops_per_word": flops_per_word(small), "small_wps_ceiling": ceiling}
+    result = {"cores": cores, "cpu": cpu_model(), "matmul_gflops": gflops,
+              "small_step_profile_ms": profile, "valid_eval_cost": evaluation,
+              "ablation_fwd_bwd_ms": ablation}
+    for size in sizes:  # the words/sec each config would reach at the matmul ceiling
+        result[f"{size}_flops_per_word"] = flops_per_word(config.load_config(f"config_{size}"))
+        result[f"{size}_wps_ceiling"] = gflops * 1e9 / result[f"{size}_flops_per_word"]
     half_batch = ("--threads", "1", "--set", "batch_size=10")
+    n_small = steps["small"]
     runs = {  # name: (launcher, config, steps, extra flags, copies side by side)
-        "small_single_all_cores": (py + ["lm_ptb.py"], "config_small", steps[0], (), 1),
-        "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", steps[0] // 2,
+        "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", n_small // 2,
                                 ("--threads", "1"), 1),
-        "small_2ranks_1thread": (mpirun + ["-np", "2"] + dist, "config_small", steps[0] // 2,
-                                 ("--threads", "1"), 1),
         # what each of the 2 ranks runs: half the rows, one core
         "small_1rank_1thread_half_batch": (mpirun + ["-np", "1"] + dist, "config_small",
-                                           steps[0] // 2, half_batch, 1),
+                                           n_small // 2, half_batch, 1),
         # the same two at once, but no allreduce: the most 2 ranks can reach on these cores
         "small_2procs_half_batch_no_allreduce": (py + ["lm_ptb.py"], "config_small",
-                                                 steps[0] // 2, half_batch, 2),
-        "medium_single_all_cores": (py + ["lm_ptb.py"], "config_medium", steps[1], (), 1),
+                                                 n_small // 2, half_batch, 2),
     }
-    if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
-        runs["small_pytorch"] = ([peer, PEER_SCRIPT], "config_small", steps[0], (), 1)
-        runs["medium_pytorch"] = ([peer, PEER_SCRIPT], "config_medium", steps[1], (), 1)
+    for size in sizes:  # one process on all cores against 2 ranks of one thread, each config
+        n = steps[size]
+        runs[f"{size}_single_all_cores"] = (py + ["lm_ptb.py"], f"config_{size}", n, (), 1)
+        # small's 2 ranks run half the steps, as before; large's 60 are few windows already
+        runs[f"{size}_2ranks_1thread"] = (mpirun + ["-np", "2"] + dist, f"config_{size}",
+                                          n if size == "large" else n // 2, ("--threads", "1"), 1)
+        if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
+            runs[f"{size}_pytorch"] = ([peer, PEER_SCRIPT], f"config_{size}", n, (), 1)
     if against:
         runs = with_runs_against(runs, args.against, against)
     rounds, summary = run_rounds(runs, n_rounds, args.data_path)
@@ -479,40 +488,45 @@ def main(argv=None):
             name: median_ratio(rounds, name, f"{name} ({against})") for name in AGAINST_ROWS}}
     if peer:
         result["layer_vs_pytorch"] = layer_vs_peer(peer, n_rounds, reps)
-        for size in ("small", "medium"):
+        for size in sizes:
             result[f"{size}_single_vs_pytorch"] = median_ratio(
                 rounds, f"{size}_single_all_cores", f"{size}_pytorch")
+    for size in sizes:
+        result[f"{size}_share_of_ceiling"] = \
+            result[f"{size}_single_all_cores"]["wps"] / result[f"{size}_wps_ceiling"]
+        result[f"{size}_2ranks_vs_single_process"] = median_ratio(
+            rounds, f"{size}_2ranks_1thread", f"{size}_single_all_cores")
 
-    single = result["small_single_all_cores"]["wps"]
-    result["small_share_of_ceiling"] = single / ceiling
     two, no_allreduce = "small_2ranks_1thread", "small_2procs_half_batch_no_allreduce"
     result["small_2_vs_1_rank_speedup"] = median_ratio(rounds, two, "small_1rank_1thread")
-    result["small_2ranks_vs_single_process"] = median_ratio(rounds, two, "small_single_all_cores")
     result["small_no_allreduce_vs_single_process"] = median_ratio(rounds, no_allreduce,
                                                                   "small_single_all_cores")
     result["small_2ranks_vs_no_allreduce"] = median_ratio(rounds, two, no_allreduce)
-    rows = [
-        ("fp32 matmul ceiling (2048², all cores)", f"{gflops:,.0f} GFLOP/s"),
-        ("small: FLOPs per word (fwd + bwd)", f"{flops_per_word(small) / 1e6:.1f} MFLOP"),
-        ("small: words/sec ceiling", f"{ceiling:,.0f} wps"),
-        ("small, single process, all cores", f"{single:,.0f} wps "
-                                              f"({100 * result['small_share_of_ceiling']:.0f} % of ceiling)"),
+    rows = [("fp32 matmul ceiling (2048², all cores)", f"{gflops:,.0f} GFLOP/s")]
+    for size in sizes:
+        rows += [
+            (f"{size}: FLOPs per word (fwd + bwd)", f"{result[f'{size}_flops_per_word'] / 1e6:.1f} MFLOP"),
+            (f"{size}: words/sec at that ceiling", f"{result[f'{size}_wps_ceiling']:,.0f} wps"),
+            (f"{size}, single process, all cores", f"{result[f'{size}_single_all_cores']['wps']:,.0f} wps "
+                                                    f"({100 * result[f'{size}_share_of_ceiling']:.0f} % of ceiling)"),
+            (f"{size}, 2 ranks x 1 thread", f"{result[f'{size}_2ranks_1thread']['wps']:,.0f} wps"),
+            (f"{size}, 2 ranks x 1 thread / single process",
+             f"{result[f'{size}_2ranks_vs_single_process']:.2f}x"),
+        ]
+    rows += [
         ("small, 1 rank x 1 thread", f"{result['small_1rank_1thread']['wps']:,.0f} wps"),
-        ("small, 2 ranks x 1 thread", f"{result['small_2ranks_1thread']['wps']:,.0f} wps "
-                                       f"(speedup {result['small_2_vs_1_rank_speedup']:.2f}x)"),
-        ("small, 2 ranks x 1 thread / single process", f"{result['small_2ranks_vs_single_process']:.2f}x"),
+        ("small, 2 ranks x 1 thread / 1 rank x 1 thread", f"{result['small_2_vs_1_rank_speedup']:.2f}x"),
         ("small, 1 rank x 1 thread, half batch", f"{result['small_1rank_1thread_half_batch']['wps']:,.0f} wps"
                                                   " (alone on the machine)"),
         ("small, 2 such processes at once, no allreduce", f"{result[no_allreduce]['wps']:,.0f} wps "
          f"({result['small_no_allreduce_vs_single_process']:.2f}x the single process): "
          "the bound for 2 ranks"),
         ("small, 2 ranks x 1 thread / that bound", f"{result['small_2ranks_vs_no_allreduce']:.2f}x"),
-        ("medium, single process, all cores", f"{result['medium_single_all_cores']['wps']:,.0f} wps"),
         ("peak RSS, small single / rank 0 of 2", f"{result['small_single_all_cores']['peak_rss_mb']:,.0f}"
                                                f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
     ]
     if peer:
-        for size in ("small", "medium"):
+        for size in sizes:
             rows.append((f"{size}, PyTorch (same model, all cores)",
                          f"{result[f'{size}_pytorch']['wps']:,.0f} wps"))
             rows.append((f"{size}, single process / PyTorch",
