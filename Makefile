@@ -77,7 +77,7 @@ netstudy: setup data
 	$(PY) scripts/netstudy.py --data_path $(PTB_DATA_PATH)
 
 # GPU=1 setup built up to the device in a fresh Debian 13 root with CUDA 12.4, and a 2-rank run of
-# that build on the CPU against the CPU build's (as root; about 6 GB of downloads; docs/gpu.md).
+# that build on the CPU against the CPU build's (as root; gigabytes of downloads; docs/gpu.md).
 gpu-build-check:
 	scripts/gpu_build_check.sh
 

@@ -11,7 +11,7 @@
 #
 #   sudo PTB_DATA_PATH=/path/to/ptb scripts/gpu_build_check.sh [--keep] [ROOT]
 #
-# Root is needed (debootstrap, chroot, mounts); about 6 GB of downloads (CUDA toolkit, CUDA
+# Root is needed (debootstrap, chroot, mounts); gigabytes of downloads (CUDA toolkit, CUDA
 # wheels), so not part of CI. Everything is also written to LOG (results/gpu-build-check.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
