@@ -506,16 +506,17 @@ def main(argv=None):
         # what each of the 2 ranks runs: half the rows, one core
         "small_1rank_1thread_half_batch": (mpirun + ["-np", "1"] + dist, "config_small",
                                            n_small // 2, half_batch, 1),
-        # the same two at once, but no allreduce: the most 2 ranks can reach on these cores
-        "small_2procs_half_batch_no_allreduce": (py + ["lm_ptb.py"], "config_small",
-                                                 n_small // 2, half_batch, 2),
     }
     for size in sizes:  # one process on all cores against 2 ranks of one thread, each config
         n = steps[size]
         runs[f"{size}_single_all_cores"] = (py + ["lm_ptb.py"], f"config_{size}", n, (), 1)
         # small's 2 ranks run half the steps, as before; large's 60 are few windows already
+        n_ranks = n if size == "large" else n // 2
         runs[f"{size}_2ranks_1thread"] = (mpirun + ["-np", "2"] + dist, f"config_{size}",
-                                          n if size == "large" else n // 2, ("--threads", "1"), 1)
+                                          n_ranks, ("--threads", "1"), 1)
+        # what the 2 ranks run, both at once, but no allreduce: the most they can reach here
+        runs[f"{size}_2procs_half_batch_no_allreduce"] = (py + ["lm_ptb.py"], f"config_{size}",
+                                                          n_ranks, half_batch, 2)
         if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
             runs[f"{size}_pytorch"] = ([peer, PEER_SCRIPT], f"config_{size}", n, (), 1)
     if against:
@@ -533,14 +534,13 @@ def main(argv=None):
     for size in sizes:
         result[f"{size}_share_of_ceiling"] = \
             result[f"{size}_single_all_cores"]["wps"] / result[f"{size}_wps_ceiling"]
-        result[f"{size}_2ranks_vs_single_process"] = median_ratio(
-            rounds, f"{size}_2ranks_1thread", f"{size}_single_all_cores")
-
-    two, no_allreduce = "small_2ranks_1thread", "small_2procs_half_batch_no_allreduce"
-    result["small_2_vs_1_rank_speedup"] = median_ratio(rounds, two, "small_1rank_1thread")
-    result["small_no_allreduce_vs_single_process"] = median_ratio(rounds, no_allreduce,
-                                                                  "small_single_all_cores")
-    result["small_2ranks_vs_no_allreduce"] = median_ratio(rounds, two, no_allreduce)
+        two, single = f"{size}_2ranks_1thread", f"{size}_single_all_cores"
+        no_allreduce = f"{size}_2procs_half_batch_no_allreduce"
+        result[f"{size}_2ranks_vs_single_process"] = median_ratio(rounds, two, single)
+        result[f"{size}_no_allreduce_vs_single_process"] = median_ratio(rounds, no_allreduce, single)
+        result[f"{size}_2ranks_vs_no_allreduce"] = median_ratio(rounds, two, no_allreduce)
+    result["small_2_vs_1_rank_speedup"] = median_ratio(rounds, "small_2ranks_1thread",
+                                                       "small_1rank_1thread")
     rows = ceiling_rows(rates)
     for size in sizes:
         rows += [
@@ -551,16 +551,17 @@ def main(argv=None):
             (f"{size}, 2 ranks x 1 thread", f"{result[f'{size}_2ranks_1thread']['wps']:,.0f} wps"),
             (f"{size}, 2 ranks x 1 thread / single process",
              f"{result[f'{size}_2ranks_vs_single_process']:.2f}x"),
+            (f"{size}, 2 processes x 1 thread, half batch, no allreduce",
+             f"{result[f'{size}_2procs_half_batch_no_allreduce']['wps']:,.0f} wps "
+             f"({result[f'{size}_no_allreduce_vs_single_process']:.2f}x the single process): "
+             "the bound for 2 ranks"),
+            (f"{size}, 2 ranks x 1 thread / that bound", f"{result[f'{size}_2ranks_vs_no_allreduce']:.2f}x"),
         ]
     rows += [
         ("small, 1 rank x 1 thread", f"{result['small_1rank_1thread']['wps']:,.0f} wps"),
         ("small, 2 ranks x 1 thread / 1 rank x 1 thread", f"{result['small_2_vs_1_rank_speedup']:.2f}x"),
         ("small, 1 rank x 1 thread, half batch", f"{result['small_1rank_1thread_half_batch']['wps']:,.0f} wps"
                                                   " (alone on the machine)"),
-        ("small, 2 such processes at once, no allreduce", f"{result[no_allreduce]['wps']:,.0f} wps "
-         f"({result['small_no_allreduce_vs_single_process']:.2f}x the single process): "
-         "the bound for 2 ranks"),
-        ("small, 2 ranks x 1 thread / that bound", f"{result['small_2ranks_vs_no_allreduce']:.2f}x"),
         ("peak RSS, small single / rank 0 of 2", f"{result['small_single_all_cores']['peak_rss_mb']:,.0f}"
                                                f" / {result['small_2ranks_1thread']['peak_rss_mb']:,.0f} MB"),
     ]
