@@ -1,7 +1,10 @@
 # A fresh Debian root for the checks that must run on a machine nobody has touched
 # (scripts/fresh_machine.sh: the quick start; scripts/gpu_build_check.sh: the GPU build).
-# Sourced, not run. The caller sets ROOT (a new or empty folder) and keep (1: leave ROOT for
-# a look, its mounts undone), then calls, in order:
+# Sourced, not run. The caller calls, in order:
+#   root_checks SCRIPT TAG [--keep] [ROOT]       root, PTB_DATA_PATH and an empty ROOT checked
+#                                                before anything is made; sets DATA, ROOT
+#                                                (default /tmp/ptb-TAG-XXXXXX) and keep (1:
+#                                                leave ROOT for a look, its mounts undone)
 #   root_debootstrap SUITE MIRROR [COMPONENTS]   debootstrap --variant=minbase, /proc /sys /dev
 #   root_carry_pip                               this host's pip settings, so pip inside works
 #   root_apt_install PACKAGE...                  apt-get inside
@@ -11,6 +14,26 @@
 # Every mount is undone, and ROOT deleted (unless keep=1), when the calling script exits.
 
 mounts=()  # every mount made under ROOT, undone in reverse order before ROOT is deleted
+ROOT_TAG=root
+START=$(date +%s)
+
+fail() { echo "error: $*" >&2; exit 1; }
+stage() { echo "$ROOT_TAG: $1 (at $(( $(date +%s) - START )) s)"; }
+
+root_checks() {  # SCRIPT TAG [--keep] [ROOT]
+    local script=$1
+    ROOT_TAG=$2
+    shift 2
+    keep=0
+    if [ "${1:-}" = --keep ]; then keep=1; shift; fi
+    [ "$(id -u)" -eq 0 ] || fail "$script needs root (debootstrap, chroot, mounts); rerun with sudo"
+    DATA=${PTB_DATA_PATH:-}
+    [ -n "$DATA" ] && [ -f "$DATA/ptb.train.txt" ] || \
+        fail "PTB_DATA_PATH must name a folder with ptb.{train,valid,test}.txt (got '${DATA}')"
+    DATA=$(cd "$DATA" && pwd)
+    ROOT=${1:-$(mktemp -d "/tmp/ptb-$ROOT_TAG-XXXXXX")}  # made after the checks: a refusal leaves nothing
+    [ ! -e "$ROOT" ] || [ -z "$(ls -A "$ROOT")" ] || fail "$ROOT is not empty; name a new folder"
+}
 pip_env=()
 ROOT_USER=""
 

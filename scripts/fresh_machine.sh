@@ -22,23 +22,11 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TRAIN_ARGS=${FRESH_TRAIN_ARGS:---set num_epochs=1 --set steps_per_epoch=40 --log_every 20}
 TESTS=${FRESH_TESTS:--m smoke}
 USER_NAME=ptb
-keep=0
-if [ "${1:-}" = --keep ]; then keep=1; shift; fi
-START=$(date +%s)
-
-fail() { echo "error: $*" >&2; exit 1; }
-stage() { echo "fresh: $1 (at $(( $(date +%s) - START )) s)"; }
-
-[ "$(id -u)" -eq 0 ] || fail "fresh_machine.sh needs root (debootstrap, chroot, mounts); rerun with sudo"
-DATA=${PTB_DATA_PATH:-}
-[ -n "$DATA" ] && [ -f "$DATA/ptb.train.txt" ] || \
-    fail "PTB_DATA_PATH must name a folder with ptb.{train,valid,test}.txt (got '${DATA}')"
-DATA=$(cd "$DATA" && pwd)
-ROOT=${1:-$(mktemp -d /tmp/ptb-fresh-XXXXXX)}  # made after the checks: a refusal leaves nothing
-[ ! -e "$ROOT" ] || [ -z "$(ls -A "$ROOT")" ] || fail "$ROOT is not empty; name a new folder"
 
 # shellcheck source=scripts/debian_root.sh
 . scripts/debian_root.sh
+root_checks fresh_machine.sh fresh "$@"
+
 stage "debootstrap --variant=minbase $SUITE into $ROOT"
 root_debootstrap "$SUITE" "$MIRROR"
 root_carry_pip

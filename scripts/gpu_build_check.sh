@@ -20,27 +20,15 @@ SUITE=${GPU_CHECK_SUITE:-trixie}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 RUN_ARGS=${GPU_CHECK_RUN_ARGS:---config config_small --set num_epochs=1 --set steps_per_epoch=40 --set eval_steps=20 --log_every 2}
 LOG=${LOG:-$REPO/results/gpu-build-check.log}
-keep=0
-if [ "${1:-}" = --keep ]; then keep=1; shift; fi
-START=$(date +%s)
 
-fail() { echo "error: $*" >&2; exit 1; }
-stage() { echo "gpu-check: $1 (at $(( $(date +%s) - START )) s)"; }
-
-[ "$(id -u)" -eq 0 ] || fail "gpu_build_check.sh needs root (debootstrap, chroot, mounts); rerun with sudo"
-DATA=${PTB_DATA_PATH:-}
-[ -n "$DATA" ] && [ -f "$DATA/ptb.train.txt" ] || \
-    fail "PTB_DATA_PATH must name a folder with ptb.{train,valid,test}.txt (got '${DATA}')"
-DATA=$(cd "$DATA" && pwd)
-ROOT=${1:-$(mktemp -d /tmp/ptb-gpu-XXXXXX)}  # made after the checks: a refusal leaves nothing
-[ ! -e "$ROOT" ] || [ -z "$(ls -A "$ROOT")" ] || fail "$ROOT is not empty; name a new folder"
+# shellcheck source=scripts/debian_root.sh
+. scripts/debian_root.sh
+root_checks gpu_build_check.sh gpu-check "$@"
 mkdir -p "$(dirname "$LOG")"
 exec > >(tee "$LOG") 2>&1
 echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)," \
      "host $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
 
-# shellcheck source=scripts/debian_root.sh
-. scripts/debian_root.sh
 stage "debootstrap --variant=minbase --components=main,contrib,non-free $SUITE into $ROOT"
 root_debootstrap "$SUITE" "$MIRROR" main,contrib,non-free
 root_carry_pip
