@@ -1,9 +1,12 @@
 """Everything the two trainers share that is not about distribution.
 
 Imported before TensorFlow (every script does so), it sets the two variables TensorFlow reads
-once, when it is first imported."""
+once, when it is first imported, and then imports TensorFlow itself (where it is installed),
+without the start-up notes that ignore TF_CPP_MIN_LOG_LEVEL."""
 import importlib.util
 import os
+import sys
+import tempfile
 
 # TensorFlow >= 2.16 makes tf.keras Keras 3. Horovod 0.28.1's DistributedOptimizer averages the
 # gradients inside a Keras 2 optimizer's minimize() (its _compute_gradients), a hook Keras 3's
@@ -14,6 +17,36 @@ import os
 if importlib.util.find_spec("tf_keras"):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
+
+# Since TensorFlow 2.19 a few notes are logged before TF_CPP_MIN_LOG_LEVEL is read (tensorflow
+# issue 100442): on CPUs with AVX-512 VNNI or BF16, where oneDNN is on by default, every start
+# prints them, and a bad input's one-line error would come after four lines of them.
+STARTUP_NOTES = ("WARNING: All log messages before absl::InitializeLog() is called are written "
+                 "to STDERR", "oneDNN custom operations are on")
+
+
+def import_tensorflow_quietly():
+    """Import TensorFlow with the process's stderr (fd 2, where its C++ logs go) held in a file,
+    then pass on every line of it but STARTUP_NOTES, also when the import fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held:
+                if not any(note.encode() in line for note in STARTUP_NOTES):
+                    os.write(2, line)
+
+
+if (os.environ["TF_CPP_MIN_LOG_LEVEL"] not in ("", "0") and "tensorflow" not in sys.modules
+        and importlib.util.find_spec("tensorflow")):  # the PyTorch peer's venv has none
+    import_tensorflow_quietly()
 
 
 def child_env(**extra):
