@@ -6,7 +6,12 @@ import platform
 import subprocess
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from utils import import_tensorflow  # noqa: E402  (also sets TensorFlow's variables)
+
+# the vector units that set TensorFlow's speed here, and whether oneDNN is on by default
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
 def first_line(cmd):
@@ -18,17 +23,23 @@ def first_line(cmd):
 
 
 def cpu_model():
+    """The CPU's name and which of SIMD_FLAGS it has: "AMD EPYC" has come with and without
+    AVX-512 here, and the speed (and oneDNN being on) differs between the two."""
+    name, flags = platform.processor(), set()
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):  # the first core's, after its model name
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return f"{name} ({', '.join(f for f in SIMD_FLAGS if f in flags) or 'no AVX2'})"
 
 
 def record():
     """The environment of a results run (imports TensorFlow and Horovod for their versions)."""
     import horovod
-    import tensorflow as tf
+    tf = import_tensorflow()
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu_model(),

@@ -49,9 +49,8 @@ def serve(config_name, threads, batch, data_path=None):
     """A worker: build the model and its train step, warm up, then on each 'N' line from the
     driver run N steps (with data_path: train_epoch over N real windows, each burst at the
     next ones) and answer with the seconds they took."""
-    import utils  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow, where tf-keras is)
-    import tensorflow as tf
-    from utils import config, training
+    from utils import config, import_tensorflow, training  # TF_USE_LEGACY_KERAS set first
+    tf = import_tensorflow()
     from utils.model import build_model
     # a variant may set TensorFlow's own TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS
     if "TF_NUM_INTRAOP_THREADS" not in os.environ:

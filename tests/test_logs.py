@@ -1,10 +1,15 @@
-"""utils/logs.py RunLog.resume on hand-written metrics.jsonl files: what it keeps and rebuilds."""
+"""utils/logs.py RunLog.resume on hand-written metrics.jsonl files: what it keeps and rebuilds; and
+TensorFlow's start-up notes kept out of stderr (utils.import_tensorflow)."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from utils.checkpoints import Position
 from utils.logs import RunLog
+from tests.helpers import REPO, script_env
 
 CFG = {"num_epochs": 3, "batch_size": 20, "num_steps": 35}
 
@@ -58,3 +63,36 @@ def test_a_tensorflow_write_error_is_told_without_the_ops_names(tmp_path):
     reason = os_reason(error)
     assert f"{missing / 'a'} not found" in reason and reason.endswith("not found"), reason
     assert "{{" not in reason and "function_node" not in reason and "[Op:" not in reason
+
+
+IMPORTER = "from utils import import_tensorflow; print(import_tensorflow().__name__)"
+
+
+def import_with_fake_tensorflow(tmp_path, body):
+    """Run import_tensorflow() against a `tensorflow` package of `body` that is found first: the
+    real one prints the two notes only on some CPUs (oneDNN on by default)."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(body)
+    env = script_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    return subprocess.run([sys.executable, "-c", IMPORTER], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+NOTES_AND_A_REAL_LINE = """import os
+os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
+os.write(2, b"I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. You may see...\\n")
+os.write(2, b"E0000 something TensorFlow really reports\\n")
+"""
+
+
+def test_tensorflow_start_up_notes_are_dropped_and_every_other_line_kept(tmp_path):
+    r = import_with_fake_tensorflow(tmp_path, NOTES_AND_A_REAL_LINE)
+    assert r.returncode == 0 and r.stdout == "tensorflow\n", r.stderr
+    assert r.stderr == "E0000 something TensorFlow really reports\n"
+
+
+def test_a_failing_tensorflow_import_shows_what_it_printed_and_why(tmp_path):
+    r = import_with_fake_tensorflow(tmp_path, NOTES_AND_A_REAL_LINE + "raise ImportError('no libcudart')\n")
+    assert r.returncode == 1
+    assert r.stderr.startswith("E0000 something TensorFlow really reports\nTraceback")
+    assert "ImportError: no libcudart" in r.stderr and "oneDNN" not in r.stderr

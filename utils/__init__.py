@@ -1,8 +1,8 @@
 """Everything the two trainers share that is not about distribution.
 
 Imported before TensorFlow (every script does so), it sets the two variables TensorFlow reads
-once, when it is first imported, and then imports TensorFlow itself (where it is installed),
-without the start-up notes that ignore TF_CPP_MIN_LOG_LEVEL."""
+once, when it is first imported; the modules that use TensorFlow import it through
+import_tensorflow(), without the start-up notes that ignore TF_CPP_MIN_LOG_LEVEL."""
 import importlib.util
 import os
 import sys
@@ -25,15 +25,19 @@ STARTUP_NOTES = ("WARNING: All log messages before absl::InitializeLog() is call
                  "to STDERR", "oneDNN custom operations are on")
 
 
-def import_tensorflow_quietly():
-    """Import TensorFlow with the process's stderr (fd 2, where its C++ logs go) held in a file,
-    then pass on every line of it but STARTUP_NOTES, also when the import fails."""
+def import_tensorflow():
+    """TensorFlow. Its first import runs with the process's stderr (fd 2, where the C++ logs go)
+    held in a file, then passes on every line of it but STARTUP_NOTES, also when it fails; unless
+    TF_CPP_MIN_LOG_LEVEL asks for every note."""
+    if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("", "0"):
+        import tensorflow
+        return tensorflow
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as held:
         os.dup2(held.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
+            import tensorflow
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
@@ -42,11 +46,7 @@ def import_tensorflow_quietly():
             for line in held:
                 if not any(note.encode() in line for note in STARTUP_NOTES):
                     os.write(2, line)
-
-
-if (os.environ["TF_CPP_MIN_LOG_LEVEL"] not in ("", "0") and "tensorflow" not in sys.modules
-        and importlib.util.find_spec("tensorflow")):  # the PyTorch peer's venv has none
-    import_tensorflow_quietly()
+    return tensorflow
 
 
 def child_env(**extra):

@@ -10,14 +10,13 @@ import shutil
 import sys
 from typing import NamedTuple
 
-import tensorflow as tf
-
 from data import ptb
-
+from utils import import_tensorflow
 from utils.cli import signals_deferred
 from utils.config import ConfigError
 from utils.logs import OutputError, first_line, os_reason
 
+tf = import_tensorflow()
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
 DATA_PATH_FILE = "data_path.txt"  # the corpus folder it last trained on, for evaluate.py

@@ -1,7 +1,9 @@
 """The word-level LSTM language model of Zaremba et al. 2014, in tf.keras."""
 import importlib
 
-import tensorflow as tf
+from utils import import_tensorflow
+
+tf = import_tensorflow()
 
 
 def choose_lstm_impl(gpus=None):

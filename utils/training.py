@@ -3,11 +3,12 @@ import math
 import os
 import time
 
-import tensorflow as tf
-
 from data import ptb
+from utils import import_tensorflow
 from utils.cli import signals_deferred
 from utils.model import sequence_loss
+
+tf = import_tensorflow()
 
 
 class TrainingError(Exception):
