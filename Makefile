@@ -59,8 +59,10 @@ peer:
 	    .venv-peer/bin/python -m pip install -q -r requirements-peer.txt || \
 	    echo "peer: PyTorch not installed into .venv-peer; the benchmark leaves out its rows"
 
+# Horovod's settings for 2 ranks on this host, one config: make bench-tune CONFIG=config_large
 bench-tune: setup data
-	$(PY) scripts/benchmark.py --tune --data_path $(PTB_DATA_PATH) --out runs/bench-tune.json
+	$(PY) scripts/benchmark.py --tune $(patsubst config_%,%,$(CONFIG)) --data_path $(PTB_DATA_PATH) \
+	    --out runs/bench-tune-$(patsubst config_%,%,$(CONFIG)).json
 
 # A results row of many hours (medium: 39 epochs), in the background; run again to continue it
 # from its last checkpoint after a stop. reproduce-status: epoch reached, ETA, logs to results/.

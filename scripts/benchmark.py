@@ -1,6 +1,6 @@
 """Throughput benchmark: the real trainers on real PTB, one table and one JSON file.
 
-    make bench          # or: .venv/bin/python scripts/benchmark.py [--quick | --tune]
+    make bench          # or: .venv/bin/python scripts/benchmark.py [--quick | --tune [CONFIG]]
 
 Every words/sec figure is the median over timed windows of the trainer's own progress
 events (`--log_every` steps each), the first window (tracing, warm-up) left out; for trainers
@@ -368,33 +368,58 @@ def median_ratio(rounds, a, b):
     return statistics.median(r[a]["wps"] / r[b]["wps"] for r in rounds)
 
 
-def tune(args, launchers, steps=300, n_rounds=3):
-    """Horovod's settings for 2 ranks sharing one CPU host, and the trainer's parameter
-    averaging, each against the defaults, in turns."""
-    py, mpirun, dist = launchers
+# steps a tune run (2 ranks; the single process runs twice as many, at twice the speed)
+TUNE_STEPS = {"small": 300, "medium": 60, "large": 30}
+FUSE_ALL = 512 * 1024 * 1024  # above large's 264 MB of gradients: one allreduce a step
+
+
+def tune_variants(size):
+    """name: (mpirun flags, trainer flags) of 2 ranks x 1 thread. Small keeps the variants of its
+    earlier runs; medium and large, whose gradients pass the 64 MB fusion buffer several times a
+    step, try one buffer for all of them, no buffer, and Gloo's allreduce instead of MPI's."""
     fast = ["-x", "HOROVOD_CYCLE_TIME=0.2", "-x", "HOROVOD_FUSION_THRESHOLD=0"]
-    variants = {  # name: (mpirun flags, trainer flags)
-        "default": ([], ()),
-        "HOROVOD_CYCLE_TIME=0.2": (fast[:2], ()),
-        "HOROVOD_FUSION_THRESHOLD=0": (fast[2:], ()),
-        "both of these": (fast, ()),
-        "fp16_allreduce=True": ([], ("--set", "fp16_allreduce=True")),
-        "reduce_type='param' (every 10 steps)": ([], ("--set", "reduce_type='param'")),
-    }
-    runs = {f"small, 2 ranks, {name}": (mpirun + ["-np", "2"] + x + dist, "config_small", steps,
+    variants = {"default": ([], ())}
+    if size == "small":
+        variants.update({
+            "HOROVOD_CYCLE_TIME=0.2": (fast[:2], ()),
+            "HOROVOD_FUSION_THRESHOLD=0": (fast[2:], ()),
+            "both of these": (fast, ()),
+            "fp16_allreduce=True": ([], ("--set", "fp16_allreduce=True")),
+            "reduce_type='param' (every 10 steps)": ([], ("--set", "reduce_type='param'")),
+        })
+    else:
+        variants.update({
+            "HOROVOD_FUSION_THRESHOLD=512 MB": (["-x", f"HOROVOD_FUSION_THRESHOLD={FUSE_ALL}"], ()),
+            "HOROVOD_FUSION_THRESHOLD=0": (fast[2:], ()),
+            "HOROVOD_CPU_OPERATIONS=gloo": (["-x", "HOROVOD_CPU_OPERATIONS=gloo"], ()),
+            "sparse_as_dense=True": ([], ("--set", "sparse_as_dense=True")),
+        })
+    return variants
+
+
+def tune(args, launchers, n_rounds=3):
+    """Horovod's settings for 2 ranks sharing one CPU host, each against the defaults, in
+    turns, with the single process and the no-allreduce bound of the full mode beside them."""
+    py, mpirun, dist = launchers
+    size, steps = args.tune, TUNE_STEPS[args.tune]
+    cfg_name = f"config_{size}"
+    runs = {f"{size}, 2 ranks, {name}": (mpirun + ["-np", "2"] + x + dist, cfg_name, steps,
                                         ("--threads", "1") + flags, 1)
-            for name, (x, flags) in variants.items()}
-    single = "small, single process (reference)"
-    runs[single] = (py + ["lm_ptb.py"], "config_small", 2 * steps, (), 1)
+            for name, (x, flags) in tune_variants(size).items()}
+    half_batch = ("--threads", "1", "--set", f"batch_size={config.load_config(cfg_name)['batch_size'] // 2}")
+    bound = f"{size}, 2 processes x 1 thread, half batch each, no allreduce (the bound)"
+    runs[bound] = (py + ["lm_ptb.py"], cfg_name, steps, half_batch, 2)
+    single = f"{size}, single process (reference)"
+    runs[single] = (py + ["lm_ptb.py"], cfg_name, 2 * steps, (), 1)
     rounds, summary = run_rounds(runs, n_rounds, args.data_path)
-    default = "small, 2 ranks, default"
-    print(f"\n2 ranks x 1 thread on one host ({n_rounds} rounds in turns; ratios are medians of "
-          "within-round ratios)")
+    default = f"{size}, 2 ranks, default"
+    print(f"\n2 ranks x 1 thread on one host, {len(os.sched_getaffinity(0))} cores, {cpu_model()} "
+          f"({n_rounds} rounds in turns; ratios are medians of within-round ratios)")
     for name in runs:
-        print(f"  {name:<54} {summary[name]['wps']:6,.0f} wps  "
+        print(f"  {name:<70} {summary[name]['wps']:6,.0f} wps  "
               f"{median_ratio(rounds, name, default):.2f}x the default  "
               f"{median_ratio(rounds, name, single):.2f}x the single process")
-    return summary
+    return {"config": size, "cpu": cpu_model(), "rounds": rounds, **summary}
 
 
 AGAINST_ROWS = ("small_single_all_cores", "small_2ranks_1thread", "medium_single_all_cores")
@@ -440,9 +465,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="fewer steps, one round, no large rows; under 4 minutes")
-    p.add_argument("--tune", action="store_true",
-                   help="only Horovod's settings and parameter averaging for 2 ranks on this host "
-                        "(about 15 minutes)")
+    p.add_argument("--tune", nargs="?", const="small", choices=SIZES,
+                   help="only Horovod's settings for 2 ranks on this host, for one config (small "
+                        "if none: about 15 minutes; large: about 35)")
     p.add_argument("--ceiling", action="store_true",
                    help="only the fp32 matmul rates the ceiling is taken from (under a minute)")
     p.add_argument("--profile-layer", action="store_true",
