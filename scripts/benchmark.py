@@ -27,7 +27,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from utils import child_env, config  # noqa: E402
+from utils import child_env, config, import_tensorflow  # noqa: E402
 from utils.config import DEFAULT_DATA_PATH  # noqa: E402
 from scripts.record_env import cpu_model  # noqa: E402
 
@@ -60,7 +60,7 @@ def matmul_gflops(shapes, reps=10):
     """fp32 GFLOP/s of one TensorFlow matmul per shape, all cores, median of `reps`. The
     fastest is the ceiling: a single square size is not one (2048² ran at 131 GFLOP/s on an AMD
     EPYC whose medium model did 139)."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     rates = {}
     for m, n, k in shapes:
         a, b = tf.random.normal([m, k]), tf.random.normal([k, n])
@@ -83,7 +83,7 @@ def ceiling_rows(rates):
 
 def fwd_bwd(fn, variables):
     """A traced and warmed-up function that returns the gradients of fn() for variables."""
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     @tf.function
     def run():
@@ -97,7 +97,7 @@ def fwd_bwd(fn, variables):
 def timed_alternately(runs, reps):
     """Median milliseconds of each run, timed in turns, so that a drift of the machine's speed
     hits all of them alike."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     samples = [[] for _ in runs]
     for _ in range(reps):
         for run, times in zip(runs, samples):
@@ -109,7 +109,7 @@ def timed_alternately(runs, reps):
 
 def profile_small(reps=15):
     """Where a small-config train step's time goes: the real step, and its parts alone."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     from utils import training
     from utils.model import bptt_lstm, build_model, sequence_loss, unrolled_lstm
     cfg = config.load_config("config_small")
@@ -134,7 +134,7 @@ def profile_small(reps=15):
 def ablations(reps=15):
     """The two CPU choices of utils/model.py against what they replaced, forward + backward.
     The two sides of each pair are timed in turns."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     from utils.model import bptt_lstm, sequence_loss, unrolled_lstm
 
     logits = tf.Variable(tf.random.normal([20, 20, VOCAB]))
@@ -166,7 +166,7 @@ LAYERS = {"small": (200, 20), "medium": (650, 35)}  # units, steps; batch 20
 def layer_vs_peer(peer, n_rounds, reps):
     """One LSTM layer's fwd+bwd, ours (bptt) and PyTorch's nn.LSTM, in turns for n_rounds:
     per size, the medians of each side and the median of the within-round ratios."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     from utils.model import bptt_lstm
     out = {}
     for label, (units, steps) in LAYERS.items():
@@ -215,7 +215,7 @@ def layer_profile(reps=15, units=650, steps=35):
     """Where one medium LSTM layer's fwd+bwd time goes, each part alone, all timed in turns: the
     whole layer, its forward (input projection and the sequential loop), the 35 recurrent
     products alone (forward), the backward's 35 products alone, and the 4 large products."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     from utils.model import _input_projection, _recurrence, _transposed, bptt_lstm
     lstm = tf.keras.layers.LSTM(units, return_sequences=True, return_state=True)
     x = tf.random.normal([20, steps, units])
@@ -265,7 +265,7 @@ def eval_cost(data_path, train_steps, eval_windows):
     one process: the training epoch as the median step time x the steps of an epoch, the
     validation at batch 1 x 35 (timed over `eval_windows` windows, scaled to the whole set)
     and in the training layout (whole set)."""
-    import tensorflow as tf
+    tf = import_tensorflow()
     from data import ptb
     from utils import training
     from utils.model import build_model
@@ -376,7 +376,8 @@ FUSE_ALL = 512 * 1024 * 1024  # above large's 264 MB of gradients: one allreduce
 def tune_variants(size):
     """name: (mpirun flags, trainer flags) of 2 ranks x 1 thread. Small keeps the variants of its
     earlier runs; medium and large, whose gradients pass the 64 MB fusion buffer several times a
-    step, try one buffer for all of them, no buffer, and Gloo's allreduce instead of MPI's."""
+    step, try one buffer for all of them, none, a shorter cycle, and the embedding's gradient
+    allreduced dense instead of gathered."""
     fast = ["-x", "HOROVOD_CYCLE_TIME=0.2", "-x", "HOROVOD_FUSION_THRESHOLD=0"]
     variants = {"default": ([], ())}
     if size == "small":
@@ -391,7 +392,7 @@ def tune_variants(size):
         variants.update({
             "HOROVOD_FUSION_THRESHOLD=512 MB": (["-x", f"HOROVOD_FUSION_THRESHOLD={FUSE_ALL}"], ()),
             "HOROVOD_FUSION_THRESHOLD=0": (fast[2:], ()),
-            "HOROVOD_CPU_OPERATIONS=gloo": (["-x", "HOROVOD_CPU_OPERATIONS=gloo"], ()),
+            "HOROVOD_CYCLE_TIME=0.2": (fast[:2], ()),
             "sparse_as_dense=True": ([], ("--set", "sparse_as_dense=True")),
         })
     return variants
@@ -426,7 +427,7 @@ AGAINST_ROWS = ("small_single_all_cores", "small_2ranks_1thread", "medium_single
 
 
 def this_stack():
-    import tensorflow as tf
+    tf = import_tensorflow()
     return f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}"
 
 
