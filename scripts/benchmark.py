@@ -468,7 +468,7 @@ def main(argv=None):
                    help="fewer steps, one round, no large rows; under 4 minutes")
     p.add_argument("--tune", nargs="?", const="small", choices=SIZES,
                    help="only Horovod's settings for 2 ranks on this host, for one config (small "
-                        "if none: about 15 minutes; large: about 35)")
+                        "if none: about 15 minutes; large: 12 to 35, by CPU)")
     p.add_argument("--ceiling", action="store_true",
                    help="only the fp32 matmul rates the ceiling is taken from (under a minute)")
     p.add_argument("--profile-layer", action="store_true",
