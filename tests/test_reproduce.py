@@ -7,14 +7,16 @@ import subprocess
 import sys
 import time
 
-from tests.helpers import REPO, TINY
+import pytest
+
+from tests.helpers import REPO, TINY, patterned_sentences, write_corpus
 
 
 def reproduce(action, tmp_path, corpus, *more):
     args = [sys.executable, "scripts/reproduce.py", action, *more, "--config", TINY,
             "--runs_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results")]
     if action == "start":
-        args += ["--data_path", corpus, "--set", "steps_per_epoch=40", "--set", "num_epochs=3",
+        args += ["--data_path", corpus, "--set", "steps_per_epoch=800", "--set", "num_epochs=3",
                  "--set", "eval_steps=5"]
     r = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=60)
     return r.returncode, r.stdout.strip()
@@ -27,7 +29,18 @@ def wait_for(condition, what, timeout=150):
         time.sleep(0.3)
 
 
-def test_start_stop_and_continue_with_the_same_command(corpus, tmp_path):
+@pytest.fixture
+def long_epochs(tmp_path_factory):
+    """A corpus of 830 windows a tiny epoch: on the fastest CPU seen here (4 ms a tiny step)
+    the conftest corpus's 83 windows took 0.2 s, so the run ended before the test could stop
+    it, and a resumed one within the 5 s that `start` watches it."""
+    folder = tmp_path_factory.mktemp("long")
+    return str(write_corpus(folder, patterned_sentences(24000, 0), patterned_sentences(200, 1),
+                            patterned_sentences(200, 2)))
+
+
+def test_start_stop_and_continue_with_the_same_command(long_epochs, tmp_path):
+    corpus = long_epochs
     run_dir = tmp_path / "runs" / "tiny-np2"
     assert reproduce("status", tmp_path, corpus)[0] == 1  # nothing to report yet
     started = time.monotonic()
