@@ -368,6 +368,18 @@ def median_ratio(rounds, a, b):
     return statistics.median(r[a]["wps"] / r[b]["wps"] for r in rounds)
 
 
+def half_batch(config_name):
+    """Trainer flags for what each of 2 ranks runs: half the global batch on one thread."""
+    return ("--threads", "1", "--set",
+            f"batch_size={config.load_config(config_name)['batch_size'] // 2}")
+
+
+def no_allreduce_bound(py, config_name, steps):
+    """A run of 2 plain trainers at once, each as one of 2 ranks but without the allreduce: the
+    most 2 ranks can reach on these cores."""
+    return (py + ["lm_ptb.py"], config_name, steps, half_batch(config_name), 2)
+
+
 # steps a tune run (2 ranks; the single process runs twice as many, at twice the speed)
 TUNE_STEPS = {"small": 300, "medium": 60, "large": 30}
 FUSE_ALL = 512 * 1024 * 1024  # above large's 264 MB of gradients: one allreduce a step
@@ -407,9 +419,8 @@ def tune(args, launchers, n_rounds=3):
     runs = {f"{size}, 2 ranks, {name}": (mpirun + ["-np", "2"] + x + dist, cfg_name, steps,
                                         ("--threads", "1") + flags, 1)
             for name, (x, flags) in tune_variants(size).items()}
-    half_batch = ("--threads", "1", "--set", f"batch_size={config.load_config(cfg_name)['batch_size'] // 2}")
     bound = f"{size}, 2 processes x 1 thread, half batch each, no allreduce (the bound)"
-    runs[bound] = (py + ["lm_ptb.py"], cfg_name, steps, half_batch, 2)
+    runs[bound] = no_allreduce_bound(py, cfg_name, steps)
     single = f"{size}, single process (reference)"
     runs[single] = (py + ["lm_ptb.py"], cfg_name, 2 * steps, (), 1)
     rounds, summary = run_rounds(runs, n_rounds, args.data_path)
@@ -524,14 +535,13 @@ def main(argv=None):
     for size in sizes:  # the words/sec each config would reach at the matmul ceiling
         result[f"{size}_flops_per_word"] = flops_per_word(config.load_config(f"config_{size}"))
         result[f"{size}_wps_ceiling"] = gflops * 1e9 / result[f"{size}_flops_per_word"]
-    half_batch = ("--threads", "1", "--set", "batch_size=10")
     n_small = steps["small"]
     runs = {  # name: (launcher, config, steps, extra flags, copies side by side)
         "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", n_small // 2,
                                 ("--threads", "1"), 1),
         # what each of the 2 ranks runs: half the rows, one core
         "small_1rank_1thread_half_batch": (mpirun + ["-np", "1"] + dist, "config_small",
-                                           n_small // 2, half_batch, 1),
+                                           n_small // 2, half_batch("config_small"), 1),
     }
     for size in sizes:  # one process on all cores against 2 ranks of one thread, each config
         n = steps[size]
@@ -540,9 +550,8 @@ def main(argv=None):
         n_ranks = n if size == "large" else n // 2
         runs[f"{size}_2ranks_1thread"] = (mpirun + ["-np", "2"] + dist, f"config_{size}",
                                           n_ranks, ("--threads", "1"), 1)
-        # what the 2 ranks run, both at once, but no allreduce: the most they can reach here
-        runs[f"{size}_2procs_half_batch_no_allreduce"] = (py + ["lm_ptb.py"], f"config_{size}",
-                                                          n_ranks, half_batch, 2)
+        runs[f"{size}_2procs_half_batch_no_allreduce"] = no_allreduce_bound(py, f"config_{size}",
+                                                                            n_ranks)
         if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
             runs[f"{size}_pytorch"] = ([peer, PEER_SCRIPT], f"config_{size}", n, (), 1)
     if against:
