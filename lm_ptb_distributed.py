@@ -139,7 +139,9 @@ def wait_for_chief(watchdog, stats, train_x, eval_x):
     if hvd.rank() != 0 and stats:
         step_s = stats["epoch_time_s"] / stats["steps_run"]
         extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
-    watchdog.expect("the wait for rank 0's checkpoint and evaluation", extra_s=extra_s)
+    watchdog.expect("the wait for rank 0's checkpoint and evaluation" if hvd.rank() else
+                    "the wait for the other ranks after its checkpoint and evaluation",
+                    extra_s=extra_s)
     hvd.broadcast_object(None, root_rank=0, name="chief_done")
 
 

@@ -189,7 +189,9 @@ def wait_for_chief(collectives, watchdog, is_chief, stats, train_x, eval_x):
     if not is_chief and stats:
         step_s = stats["epoch_time_s"] / stats["steps_run"]
         extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
-    watchdog.expect("the wait for worker 0's checkpoint and evaluation", extra_s=extra_s)
+    watchdog.expect("the wait for the other workers after its checkpoint and evaluation"
+                    if is_chief else "the wait for worker 0's checkpoint and evaluation",
+                    extra_s=extra_s)
     collectives.sum([0.0])
 
 

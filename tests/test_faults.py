@@ -313,12 +313,13 @@ def test_resume_skips_a_damaged_newest_checkpoint(ranks, corpus, tmp_path):
 
 
 @pytest.mark.parametrize("frozen", [1, 0], ids=["SIGSTOP rank 1", "SIGSTOP rank 0"])
-def test_a_frozen_rank_ends_the_job_and_resume_continues(frozen, corpus, tmp_path):
+def test_a_frozen_rank_ends_the_job_and_resume_continues(frozen, long_corpus, tmp_path):
     """A stopped rank (a frozen node, a stuck filesystem read) leaves its peer blocked in an
-    allreduce for ever; the peer's step watchdog ends the job instead."""
+    allreduce for ever; the peer's step watchdog ends the job instead. Long epochs, so the stop
+    lands in a training step, not in rank 0's evaluation after it."""
     out = str(tmp_path / "run")
-    args = ["--config", TINY, "--data_path", corpus, "--output_dir", out, "--log_every", "5",
-            "--set", "num_epochs=3", "--set", "step_timeout_s=20"]
+    args = ["--config", TINY, "--data_path", long_corpus, "--output_dir", out, "--log_every", "5",
+            "--set", "num_epochs=2", "--set", "step_timeout_s=20"]
     job = start_job(args)
     try:
         wait_for_epoch(out, 1, job)
@@ -342,16 +343,17 @@ def test_a_frozen_rank_ends_the_job_and_resume_continues(frozen, corpus, tmp_pat
     assert not [f for f in os.listdir(os.path.join(out, "checkpoints")) if "_temp" in f]
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [e["epoch"] for e in metrics(out) if e["event"] == "epoch"][-2:] == [2, 3]
+    assert [e["epoch"] for e in metrics(out) if e["event"] == "epoch"] == [1, 2]
 
 
 def test_rank_0_evaluating_longer_than_the_step_timeout_does_not_trip_the_others(ptb_path,
                                                                                   tmp_path):
     """Rank 1 waits for rank 0's checkpoint, batch-1 validation and test (seconds each) with a
-    step timeout of 2 s: its watchdog allows for that work, so the run ends normally."""
+    step timeout of 2 s: its watchdog allows for that work, so the run ends normally. 8,000
+    windows each: 3,000 took 1.8 s on an AMD EPYC with AVX-512, under the timeout tested."""
     out = str(tmp_path / "run")
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "10",
-            "--set", "num_epochs=1", "--set", "steps_per_epoch=30", "--set", "eval_steps=3000",
+            "--set", "num_epochs=1", "--set", "steps_per_epoch=30", "--set", "eval_steps=8000",
             "--set", "valid_batch_size=1", "--set", "valid_num_steps=5",
             "--set", "step_timeout_s=2"]
     r = mpirun((2, args))

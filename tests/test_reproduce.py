@@ -7,9 +7,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from tests.helpers import REPO, TINY, patterned_sentences, write_corpus
+from tests.helpers import REPO, TINY
 
 
 def reproduce(action, tmp_path, corpus, *more):
@@ -29,18 +27,8 @@ def wait_for(condition, what, timeout=150):
         time.sleep(0.3)
 
 
-@pytest.fixture
-def long_epochs(tmp_path_factory):
-    """A corpus of 830 windows a tiny epoch: on the fastest CPU seen here (4 ms a tiny step)
-    the conftest corpus's 83 windows took 0.2 s, so the run ended before the test could stop
-    it, and a resumed one within the 5 s that `start` watches it."""
-    folder = tmp_path_factory.mktemp("long")
-    return str(write_corpus(folder, patterned_sentences(24000, 0), patterned_sentences(200, 1),
-                            patterned_sentences(200, 2)))
-
-
-def test_start_stop_and_continue_with_the_same_command(long_epochs, tmp_path):
-    corpus = long_epochs
+def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
+    corpus = long_corpus
     run_dir = tmp_path / "runs" / "tiny-np2"
     assert reproduce("status", tmp_path, corpus)[0] == 1  # nothing to report yet
     started = time.monotonic()
