@@ -131,6 +131,71 @@ def profile_small(reps=15):
     return dict(zip(parts, timed_alternately(list(parts.values()), reps)))
 
 
+def matmul_floor(cfg, reps=15, rounds=5):
+    """A train step's matmuls and nothing else, in ms: each kind timed alone (all kinds in
+    turns, `rounds` times, medians) and summed over the layers. The least time a step could take
+    at this machine's matmul speeds, however fused or cheap the rest became. The recurrent
+    products are one chain per layer, as the time steps run one after another: forward h.R and
+    backward dz.R^T alternate, so one feeds the next with no other op between them. A floor
+    within a few %, not exact: inside the real step small's softmax part, its loss included,
+    ran in 12.4 ms against 12.7-12.9 ms for its 3 products alone (AMD EPYC with AVX-512)."""
+    tf = import_tensorflow()
+    b, t, h = cfg["batch_size"], cfg["num_steps"], cfg["hidden_size"]
+    def rand(*shape):
+        return tf.random.normal(shape)
+
+    def weight(*shape):  # a variable, as in the model: a constant operand ran 4 % slower here
+        return tf.Variable(rand(*shape))
+
+    recurrent, recurrent_t, h0 = weight(h, 4 * h), rand(4 * h, h), rand(b, h)
+    rows, d_z, kernel = rand(b * t, h), rand(b * t, 4 * h), weight(h, 4 * h)
+    softmax, d_logits = weight(h, VOCAB), rand(b * t, VOCAB)
+
+    def recurrent_chain():
+        out = h0
+        for _ in range(t):
+            out = tf.matmul(tf.matmul(out, recurrent), recurrent_t)
+        return out
+
+    def layer_products():  # as utils/model.py's bptt_lstm: its input projection and gradients
+        return (tf.matmul(rows, kernel), tf.matmul(rows, d_z, transpose_a=True),
+                tf.matmul(rows, d_z, transpose_a=True), tf.matmul(d_z, kernel, transpose_b=True))
+
+    def softmax_products():  # the Dense layer's forward and its two gradients
+        return (tf.matmul(rows, softmax), tf.matmul(d_logits, softmax, transpose_b=True),
+                tf.matmul(rows, d_logits, transpose_a=True))
+
+    parts = {name: tf.function(fn, autograph=False) for name, fn in (
+        ("recurrent chain of one layer", recurrent_chain),
+        ("one layer's 4 large products", layer_products),
+        ("softmax's 3 products", softmax_products))}
+    for fn in parts.values():
+        fn()
+    per_round = [timed_alternately(list(parts.values()), reps) for _ in range(rounds)]
+    out = {name: statistics.median(r[i] for r in per_round) for i, name in enumerate(parts)}
+    layers = cfg["num_layers"]
+    out["step floor"] = (layers * (out["recurrent chain of one layer"]
+                                   + out["one layer's 4 large products"])
+                         + out["softmax's 3 products"])
+    return out
+
+
+def floor_row(size, floor, gflops, cfg):
+    """The floor, and the share of the ceiling a step taking just that long would be at."""
+    gflops_at_floor = flops_per_word(cfg) * cfg["batch_size"] * cfg["num_steps"] / \
+        floor["step floor"] / 1e6
+    return (f"{size}, a train step's matmuls alone (the floor)",
+            f"{floor['step floor']:.1f} ms = {gflops_at_floor:,.0f} GFLOP/s: at most "
+            f"{100 * gflops_at_floor / gflops:.0f} % of ceiling")
+
+
+def floor_rows(size, floor, gflops, cfg):
+    """The floor's parts, then the floor."""
+    return [(f"{size}, matmuls alone: {name}", f"{ms:.2f} ms")
+            for name, ms in floor.items() if name != "step floor"] + \
+        [floor_row(size, floor, gflops, cfg)]
+
+
 def ablations(reps=15):
     """The two CPU choices of utils/model.py against what they replaced, forward + backward.
     The two sides of each pair are timed in turns."""
@@ -482,6 +547,9 @@ def main(argv=None):
                         "if none: about 15 minutes; large: 12 to 35, by CPU)")
     p.add_argument("--ceiling", action="store_true",
                    help="only the fp32 matmul rates the ceiling is taken from (under a minute)")
+    p.add_argument("--floor", action="store_true",
+                   help="only each config's matmuls timed alone, the least time a train step "
+                        "could take here, against the ceiling (about 2 minutes)")
     p.add_argument("--profile-layer", action="store_true",
                    help="only where one medium LSTM layer's time goes (under a minute)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
@@ -494,7 +562,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     sizes = ("small", "medium") if args.quick else SIZES
     # steps a run, at 10 steps a window (the first one, tracing, left out)
-    steps = {"small": 100, "medium": 40} if args.quick else \
+    # (quick: enough for the bound's 2 copies to run together for seconds on the fastest CPU)
+    steps = {"small": 300, "medium": 60} if args.quick else \
         {"small": 600, "medium": 100, "large": 60}
     py = [sys.executable]
     mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
@@ -512,6 +581,21 @@ def main(argv=None):
             print(f"  {label}  {value}")
         return write_result({"cores": cores, "cpu": cpu_model(), "matmul_gflops": max(rates.values()),
                              "matmul_gflops_by_shape": rates}, args.out)
+    if args.floor:
+        rates = matmul_gflops(matmul_shapes())
+        gflops = max(rates.values())
+        print(f"a train step's matmuls alone, {cores} cores, {cpu_model()}; ms, medians of 5 "
+              "rounds in turns")
+        rows, result = ceiling_rows(rates), {"cores": cores, "cpu": cpu_model(),
+                                             "matmul_gflops": gflops}
+        for size in SIZES:
+            cfg = config.load_config(f"config_{size}")
+            result[f"{size}_matmul_floor_ms"] = matmul_floor(cfg)
+            rows += floor_rows(size, result[f"{size}_matmul_floor_ms"], gflops, cfg)
+        width = max(len(r[0]) for r in rows)
+        for label, value in rows:
+            print(f"  {label:<{width}}  {value}")
+        return write_result(result, args.out)
     if args.profile_layer:
         print(f"one medium LSTM layer (20 x 35 x 650), {cores} cores, {cpu_model()}; ms, median "
               "of 15, parts timed in turns")
@@ -535,6 +619,8 @@ def main(argv=None):
     for size in sizes:  # the words/sec each config would reach at the matmul ceiling
         result[f"{size}_flops_per_word"] = flops_per_word(config.load_config(f"config_{size}"))
         result[f"{size}_wps_ceiling"] = gflops * 1e9 / result[f"{size}_flops_per_word"]
+        result[f"{size}_matmul_floor_ms"] = matmul_floor(config.load_config(f"config_{size}"),
+                                                         reps, n_rounds + 2)
     n_small = steps["small"]
     runs = {  # name: (launcher, config, steps, extra flags, copies side by side)
         "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", n_small // 2,
@@ -583,6 +669,8 @@ def main(argv=None):
             (f"{size}: words/sec at that ceiling", f"{result[f'{size}_wps_ceiling']:,.0f} wps"),
             (f"{size}, single process, all cores", f"{result[f'{size}_single_all_cores']['wps']:,.0f} wps "
                                                     f"({100 * result[f'{size}_share_of_ceiling']:.0f} % of ceiling)"),
+            floor_row(size, result[f"{size}_matmul_floor_ms"], gflops,
+                      config.load_config(f"config_{size}")),
             (f"{size}, 2 ranks x 1 thread", f"{result[f'{size}_2ranks_1thread']['wps']:,.0f} wps"),
             (f"{size}, 2 ranks x 1 thread / single process",
              f"{result[f'{size}_2ranks_vs_single_process']:.2f}x"),
