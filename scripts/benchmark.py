@@ -454,9 +454,10 @@ def tune_variants(size):
     """name: (mpirun flags, trainer flags) of 2 ranks x 1 thread. Small keeps the variants of its
     earlier runs; medium and large, whose gradients pass the 64 MB fusion buffer several times a
     step, try one buffer for all of them, none, a shorter cycle, and the embedding's gradient
-    allreduced dense instead of gathered."""
+    allreduced dense instead of gathered. Every size also tries 2 threads a rank: 4 threads on 2
+    cores, so that one rank's matmuls may use a core the other leaves idle."""
     fast = ["-x", "HOROVOD_CYCLE_TIME=0.2", "-x", "HOROVOD_FUSION_THRESHOLD=0"]
-    variants = {"default": ([], ())}
+    variants = {"default": ([], ()), "2 threads a rank (--threads 2)": ([], ("--threads", "2"))}
     if size == "small":
         variants.update({
             "HOROVOD_CYCLE_TIME=0.2": (fast[:2], ()),
