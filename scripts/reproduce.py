@@ -154,25 +154,31 @@ def status(args):
         print(f"reproduce: no run of {args.config} in {run_dir} yet; `make reproduce "
               f"CONFIG={args.config}` starts it")
         return 1
-    cfg = log[0]["config"]
-    epochs = [e for e in log if e["event"] == "epoch"]
     done = any(e["event"] == "test" for e in log)
-    pid = running(run_dir)
-    line = f"reproduce: {args.config}, {len(epochs)} of {cfg['num_epochs']} epochs"
+    print(status_line(args.config, log, alive=bool(running(run_dir))))
+    keep(run_dir, results_dir, log[0]["config"], done)
+    return 0
+
+
+def status_line(config_name, log, alive):
+    """One line on a run from its metrics events, and whether its job is alive."""
+    epochs = [e for e in log if e["event"] == "epoch"]
+    line = f"reproduce: {config_name}, {len(epochs)} of {log[0]['config']['num_epochs']} epochs"
     if epochs:
         line += f", last valid ppl {epochs[-1]['valid_ppl']:.2f}"
-    if done:
-        line += f", test ppl {log[-1]['test_ppl']:.2f}: done"
-    elif pid:
-        last = log[-1]
-        line += f", running epoch {last['epoch']}"
-        if last["event"] == "progress":  # the trainer's own estimate, evaluation not counted
-            line += f" (step {last['step']}), ETA {last['eta_s'] / 3600:.1f} h"
-    else:
-        line += f", stopped; `make reproduce CONFIG={args.config}` continues it"
-    print(line)
-    keep(run_dir, results_dir, cfg, done)
-    return 0
+    tests = [e for e in log if e["event"] == "test"]
+    if tests:
+        return line + f", test ppl {tests[-1]['test_ppl']:.2f}: done"
+    last = log[-1]
+    if not alive:
+        return line + f", stopped; `make reproduce CONFIG={config_name}` continues it"
+    if last["event"] == "epoch" and len(epochs) == log[0]["config"]["num_epochs"]:
+        return line + ", running the test evaluation"
+    if last["event"] == "epoch":  # resumed or validated, no progress line of the next epoch yet
+        return line + f", running epoch {last['epoch'] + 1}"
+    # the trainer's own estimate, evaluation not counted
+    return line + f", running epoch {last['epoch']} (step {last['step']}), " \
+        f"ETA {last['eta_s'] / 3600:.1f} h"
 
 
 def shared(args):
