@@ -202,7 +202,7 @@ def sittings(run):
         epochs = f"epochs {first}-{end}" if end > first else f"epoch {first}"
         parts.append(f"{epochs} from {s['started_utc']} UTC on {s['cpu']}, "
                      f"{s['cores']} cores, commit {s['commit']} (beside it: {beside})")
-    return f"In {len(parts)} sittings: " + " | ".join(parts)
+    return f"In {len(parts)} sitting{'s' if len(parts) > 1 else ''}: " + " | ".join(parts)
 
 
 def provenance(runs):
