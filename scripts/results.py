@@ -327,7 +327,8 @@ def epochs_cell(run, name):
         return str(done)
     if run["kind"] == "running":
         hours = (total - done) * epoch_time(run) / 3600 if done else None
-        return f"{done} of {total}, running" + (f" (ETA ≈ {hours:.0f} h)" if hours else "")
+        return (f"{done} of {total}, running" + (f" ({workers})" if run["workers"] == 1 else "")
+                + (f", ETA ≈ {hours:.0f} h" if hours else ""))
     return f"{done} of {total} ({workers}, partial)"
 
 

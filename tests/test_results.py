@@ -76,8 +76,11 @@ def test_a_readme_row_says_how_far_a_run_is_and_the_time_left():
                    env=env)
     # 11 of config_small's 13 epochs left at 3,600 s each
     assert results.paper_table([running])[2] == (
-        "| small | 2 of 13, running (ETA ≈ 11 h) | 80.00 | 85.00 | — | 3600 s | — | "
+        "| small | 2 of 13, running, ETA ≈ 11 h | 80.00 | 85.00 | — | 3600 s | — | "
         "114.72 / 115.91 / 114.5 | AMD EPYC, 2 cores |")
+    alone = dict(run("running", 1, [epoch(1, 90.0, 95.0, 1800.0)]), env=env)  # 12 x 1,800 s left
+    assert results.paper_table([alone])[2].startswith(
+        "| small | 1 of 13, running (1 process), ETA ≈ 6 h | 90.00 | 95.00 | — | — | 1800 s |")
     partial = dict(run("partial", 1, [epoch(1, 300.0, 200.0, 50.0),
                                       {"event": "test", "test_ppl": 190.0}]), env=env)
     assert results.paper_table([partial])[2].startswith(
