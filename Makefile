@@ -66,11 +66,14 @@ bench-tune: setup data
 
 # A results row of many hours (medium: 39 epochs), in the background; run again to continue it
 # from its last checkpoint after a stop. reproduce-status: epoch reached, ETA, logs to results/.
+# Its checkpoints go to $(RUNS)/reproduce: where the checkout does not outlive the machine, point
+# RUNS at a disk that does (RUNS=/mnt/keep make reproduce ...), the same for every sitting.
 reproduce: setup data
-	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) --data_path $(PTB_DATA_PATH)
+	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) --data_path $(PTB_DATA_PATH) \
+	    --runs_dir $(abspath $(RUNS))/reproduce
 
 reproduce-status:
-	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP)
+	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) --runs_dir $(abspath $(RUNS))/reproduce
 
 results: setup
 	$(PY) scripts/results.py build

@@ -106,3 +106,26 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     test = {"event": "test", "epoch": 3, "test_ppl": 78.1234, "config": cfg}
     assert status_line("config_large", last + [test], alive=False).endswith(
         "3 of 3 epochs, last valid ppl 249.32, test ppl 78.12: done")
+
+
+def test_make_reproduce_keeps_its_run_under_RUNS(ptb_path, tmp_path):
+    """`RUNS=... make reproduce`: the run folder goes where RUNS says (a disk that outlives the
+    checkout), and `make reproduce-status` looks there too. Only the start and an empty status
+    are run: a status that finds the run would copy its logs into the repository's results/."""
+    keep, elsewhere = tmp_path / "keep", tmp_path / "elsewhere"
+    env = dict(os.environ, PTB_DATA_PATH=ptb_path)
+    run_dir = keep / "reproduce" / "tiny-np1"
+    try:
+        r = subprocess.run(["make", "reproduce", f"RUNS={keep}", f"CONFIG={TINY}", "NP=1"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and f"log {run_dir}/train.log" in r.stdout, r.stdout + r.stderr
+        assert (run_dir / "segments.jsonl").exists()
+        assert not os.path.exists(os.path.join(REPO, "runs", "reproduce", "tiny-np1"))
+        r = subprocess.run(["make", "reproduce-status", f"RUNS={elsewhere}", f"CONFIG={TINY}",
+                            "NP=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and f"in {elsewhere}/reproduce/tiny-np1 yet" in r.stdout, r.stdout
+    finally:  # SIGTERM: mpirun passes it on to its rank and ends after it
+        if (run_dir / "pid").exists():
+            pid = int((run_dir / "pid").read_text())
+            os.killpg(pid, signal.SIGTERM)
+            wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "end of the run's mpirun", 60)
