@@ -68,12 +68,13 @@ bench-tune: setup data
 # from its last checkpoint after a stop. reproduce-status: epoch reached, ETA, logs to results/.
 # Its checkpoints go to $(RUNS)/reproduce: where the checkout does not outlive the machine, point
 # RUNS at a disk that does (RUNS=/mnt/keep make reproduce ...), the same for every sitting.
+REPRODUCE_RUNS = $(abspath $(RUNS))/reproduce
 reproduce: setup data
 	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) --data_path $(PTB_DATA_PATH) \
-	    --runs_dir $(abspath $(RUNS))/reproduce
+	    --runs_dir $(REPRODUCE_RUNS)
 
 reproduce-status:
-	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) --runs_dir $(abspath $(RUNS))/reproduce
+	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) --runs_dir $(REPRODUCE_RUNS)
 
 results: setup
 	$(PY) scripts/results.py build

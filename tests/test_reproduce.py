@@ -128,4 +128,14 @@ def test_make_reproduce_keeps_its_run_under_RUNS(ptb_path, tmp_path):
         if (run_dir / "pid").exists():
             pid = int((run_dir / "pid").read_text())
             os.killpg(pid, signal.SIGTERM)
-            wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "end of the run's mpirun", 60)
+            wait_for(lambda: not alive(pid), "end of the run's mpirun", 60)
+
+
+def alive(pid):
+    """False once the process is gone or a zombie: mpirun outlives reproduce.py, its parent, so
+    whoever adopts it may reap it late, and /proc/PID stays until then."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
