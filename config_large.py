@@ -28,3 +28,6 @@ eval_num_steps = 35
 # Gradient accumulation: each worker's rows run as this many slices, one backward pass each,
 # and the summed gradient makes one update: the same step with less activation memory.
 backward_passes_per_step = 1
+# The matmuls' precision: "fp32" as in the paper, or "bf16" (bfloat16 operands, all else fp32)
+# for CPUs and GPUs with bf16 units (docs/precision.md).
+precision = "fp32"

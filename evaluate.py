@@ -54,6 +54,9 @@ def parse_args(argv):
             s.add_argument("--seed", type=int, default=0)
         if name == "export":
             s.add_argument("--export_dir", required=True)
+        s.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                       help="the matmuls' precision (default: the run's; its fp32 weights load "
+                            "into either)")
     args = p.parse_args(argv)
     for flag, least in (("eval_steps", 1), ("batch_size", 1), ("num_steps", 1), ("length", 0)):
         value = getattr(args, flag, None)
@@ -179,6 +182,11 @@ class NextWordModel(tf.Module):
 def main(argv=None):
     args = parse_args(argv)
     cfg = run_config(args.run)
+    # runs logged before the key existed trained in fp32
+    cfg["precision"] = args.precision or cfg.get("precision", "fp32")
+    note = training.precision_note(cfg)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     if args.command == "perplexity":
         corpus = ptb.load_corpus(corpus_path(args.run, args.data_path))
         vocab = run_vocab(args.run, corpus)
@@ -191,7 +199,7 @@ def main(argv=None):
         ppl, tokens = perplexity(model, getattr(corpus, args.split), batch, steps, args.eval_steps)
         whole = f" (the whole {args.split} set)" if args.eval_steps is None else ""
         print(f"{args.split} ppl {ppl:.2f} | {tokens} tokens scored in windows of {batch} x "
-              f"{steps}{whole}")
+              f"{steps}{whole} | precision {cfg['precision']}")
     elif args.command == "generate":
         print(generate(model, vocab, args.prompt, args.length, args.temperature, args.seed))
     else:

@@ -32,7 +32,9 @@ def main(argv=None):
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
     valid, test = training.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
-             f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
+             f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch | "
+             f"precision {cfg['precision']}")
+    log.info(training.precision_note(cfg))  # None (no line) unless bf16 is emulated here
 
     model = build(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)

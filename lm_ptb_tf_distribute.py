@@ -228,7 +228,9 @@ def main(argv=None):
     train_y = ptb.shard(train_y, index, workers)  # tf.distribute 5
     valid, test = training.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
-             f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch")
+             f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch | "
+             f"precision {cfg['precision']}")
+    log.info(training.precision_note(cfg))  # None (no line) unless bf16 is emulated here
 
     with strategy.scope():  # tf.distribute 3: variables mirrored, initial values from worker 0
         model = build(cfg, len(corpus.vocab))

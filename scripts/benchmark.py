@@ -56,14 +56,15 @@ def matmul_shapes():
     return sorted(shapes)
 
 
-def matmul_gflops(shapes, reps=10):
-    """fp32 GFLOP/s of one TensorFlow matmul per shape, all cores, median of `reps`. The
-    fastest is the ceiling: a single square size is not one (2048² ran at 131 GFLOP/s on an AMD
-    EPYC whose medium model did 139)."""
+def matmul_gflops(shapes, reps=10, dtype="fp32"):
+    """GFLOP/s of one TensorFlow matmul per shape on `dtype` operands ("fp32" or "bf16"), all
+    cores, median of `reps`. The fastest is the ceiling: a single square size is not one (2048²
+    ran at 131 GFLOP/s on an AMD EPYC whose medium model did 139)."""
     tf = import_tensorflow()
+    from utils.model import COMPUTE_DTYPES
     rates = {}
     for m, n, k in shapes:
-        a, b = tf.random.normal([m, k]), tf.random.normal([k, n])
+        a, b = (tf.cast(tf.random.normal(s), COMPUTE_DTYPES[dtype]) for s in ([m, k], [k, n]))
         mm = tf.function(lambda a=a, b=b: tf.matmul(a, b), autograph=False)
         mm().numpy()
         times = []
@@ -75,9 +76,9 @@ def matmul_gflops(shapes, reps=10):
     return rates
 
 
-def ceiling_rows(rates):
+def ceiling_rows(rates, dtype="fp32"):
     best = max(rates, key=rates.get)
-    return [(f"fp32 matmul ceiling (best of {len(rates)} shapes, all cores)",
+    return [(f"{dtype} matmul ceiling (best of {len(rates)} shapes, all cores)",
              f"{rates[best]:,.0f} GFLOP/s ({best})")]
 
 
@@ -131,18 +132,21 @@ def profile_small(reps=15):
     return dict(zip(parts, timed_alternately(list(parts.values()), reps)))
 
 
-def matmul_floor(cfg, reps=15, rounds=5):
+def matmul_floor(cfg, reps=15, rounds=5, dtype="fp32"):
     """A train step's matmuls and nothing else, in ms: each kind timed alone (all kinds in
     turns, `rounds` times, medians) and summed over the layers. The least time a step could take
     at this machine's matmul speeds, however fused or cheap the rest became. The recurrent
     products are one chain per layer, as the time steps run one after another: forward h.R and
     backward dz.R^T alternate, so one feeds the next with no other op between them. A floor
     within a few %, not exact: inside the real step small's softmax part, its loss included,
-    ran in 12.4 ms against 12.7-12.9 ms for its 3 products alone (AMD EPYC with AVX-512)."""
+    ran in 12.4 ms against 12.7-12.9 ms for its 3 products alone (AMD EPYC with AVX-512).
+    dtype "bf16": the same products on bf16 operands, as precision="bf16" runs them (its weights
+    cast from fp32 variables, which is not counted here)."""
     tf = import_tensorflow()
+    from utils.model import COMPUTE_DTYPES
     b, t, h = cfg["batch_size"], cfg["num_steps"], cfg["hidden_size"]
     def rand(*shape):
-        return tf.random.normal(shape)
+        return tf.cast(tf.random.normal(shape), COMPUTE_DTYPES[dtype])
 
     def weight(*shape):  # a variable, as in the model: a constant operand ran 4 % slower here
         return tf.Variable(rand(*shape))

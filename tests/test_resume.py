@@ -44,6 +44,30 @@ def test_resumed_run_draws_the_dropout_masks_of_the_uninterrupted_run(ranks, cor
     assert losses(no_dropout, 1) != pytest.approx(losses(whole, 1), rel=1e-3)
 
 
+def test_bf16_resume_equals_the_uninterrupted_bf16_run_and_precision_may_change(corpus,
+                                                                                tmp_path):
+    """2 ranks in bf16: a resume replays the uninterrupted run exactly; the fp32 checkpoint of
+    an fp32 epoch resumes in bf16 (and back), each event logging the precision it ran in."""
+    base = [*DROPOUT, "--data_path", corpus]
+    bf16 = ["--set", "precision='bf16'"]
+    whole, split, mixed = (str(tmp_path / name) for name in ("whole", "split", "mixed"))
+    run(2, [*base, *bf16, "--output_dir", whole, "--set", "num_epochs=3"])
+    run(2, [*base, *bf16, "--output_dir", split, "--set", "num_epochs=1"])
+    run(2, [*base, *bf16, "--output_dir", split, "--set", "num_epochs=3", "--resume"])
+    assert len(losses(whole, 2)) == 20
+    for epoch in (2, 3):
+        assert losses(split, epoch) == pytest.approx(losses(whole, epoch), rel=1e-6)
+    run(2, [*base, "--output_dir", mixed, "--set", "num_epochs=1"])
+    run(2, [*base, *bf16, "--output_dir", mixed, "--set", "num_epochs=2", "--resume"])
+    run(2, [*base, "--output_dir", mixed, "--set", "num_epochs=3", "--resume"])
+    logged = [(e["epoch"], e["config"]["precision"]) for e in events(mixed, "epoch")]
+    assert logged == [(1, "fp32"), (2, "bf16"), (3, "fp32")]
+    # one model all along: each epoch's losses near the all-bf16 run's, and not equal to them
+    for epoch in (1, 2, 3):
+        assert losses(mixed, epoch) == pytest.approx(losses(whole, epoch), rel=2e-2)
+        assert losses(mixed, epoch) != pytest.approx(losses(whole, epoch), rel=1e-6)
+
+
 def start(args):
     return subprocess.Popen([sys.executable, "lm_ptb.py", *args], cwd=REPO, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -43,7 +43,8 @@ def test_perplexity_in_a_process_where_horovod_cannot_be_imported(trained):
     assert reported["event"] == "test" and reported["world_size"] == 2
     test_windows = len(ptb.windows(ptb.load_corpus(data).test, 1, 20)[0])
     assert r.stdout.strip() == (f"test ppl {reported['test_ppl']:.2f} | {test_windows * 20} "
-                                "tokens scored in windows of 1 x 20 (the whole test set)")
+                                "tokens scored in windows of 1 x 20 (the whole test set) | "
+                                "precision fp32")
 
 
 def evaluate_copy(trained, tmp_path, edit_config=None, data=None, extra=()):
@@ -71,13 +72,43 @@ def test_perplexity_scores_the_whole_test_set_whatever_the_run_used(trained, tmp
     assert "(the whole test set)" in r.stdout
     r = evaluate_copy(trained, tmp_path / "few", extra=["--eval_steps", "3"])
     assert r.returncode == 0 and r.stdout.strip().endswith("| 60 tokens scored in windows of "
-                                                           "1 x 20"), r.stdout
+                                                           "1 x 20 | precision fp32"), r.stdout
     # the valid set in the training layout: what the trainer logged for the last epoch
     last_valid = [e for e in map(json.loads, open(os.path.join(run, "metrics.jsonl")))
                   if e["event"] == "epoch"][-1]["valid_ppl"]
     r = evaluate_copy(trained, tmp_path / "valid", extra=["--split", "valid", "--batch_size",
                                                           "20", "--num_steps", "10"])
     assert r.returncode == 0 and r.stdout.startswith(f"valid ppl {last_valid:.2f} | "), r.stdout
+
+
+def test_perplexity_says_its_precision_and_runs_either_on_the_same_checkpoint(trained,
+                                                                               tmp_path):
+    """The fp32 run's checkpoint scored in bf16 (--precision), and a run logged as bf16 scored
+    in bf16 by default: each says so; bf16 moves the perplexity by well under 1 %."""
+    data, run = trained
+    reported = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))][-1]
+    results = {}
+    for name, edit, extra in (("flag", None, ["--precision", "bf16"]),
+                              ("logged", {"precision": "bf16"}, []),
+                              ("back", {"precision": "bf16"}, ["--precision", "fp32"])):
+        r = evaluate_copy(trained, tmp_path / name, edit, extra=extra)
+        assert r.returncode == 0, r.stderr
+        results[name] = r.stdout.strip()
+    for name in ("flag", "logged"):
+        assert results[name].endswith("| precision bf16"), results[name]
+        assert float(results[name].split()[2]) == pytest.approx(reported["test_ppl"], rel=1e-2)
+    assert results["back"].startswith(f"test ppl {reported['test_ppl']:.2f} | ")
+    assert results["back"].endswith("| precision fp32")
+    # the same checkpoint in the two precisions, in this process: bf16 really ran
+    corpus = ptb.load_corpus(data)
+    scores = {}
+    for precision in ("fp32", "bf16"):
+        cfg = dict(evaluate.run_config(run), precision=precision)
+        model = evaluate.load_model(run, cfg, len(corpus.vocab))
+        scores[precision] = evaluate.perplexity(model, corpus.test, 1, 20)[0]
+    assert scores["fp32"] == pytest.approx(reported["test_ppl"], rel=1e-5)
+    assert scores["bf16"] != scores["fp32"]
+    assert scores["bf16"] == pytest.approx(scores["fp32"], rel=1e-2)
 
 
 def test_perplexity_refuses_a_checkpoint_without_the_models_weights(trained, tmp_path):

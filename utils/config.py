@@ -39,6 +39,7 @@ SCHEMA = {
     "model": ((str,), False),
     "step_timeout_s": ((float, int), False),
     "checkpoint_every": ((int,), True),
+    "precision": ((str,), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
 # Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication",
@@ -53,14 +54,16 @@ DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False
             "step_timeout_s": 600,
             # Also save a checkpoint every N training steps inside an epoch (None: at epoch
             # ends only); a resume from one continues exactly where it was.
-            "checkpoint_every": None}
+            "checkpoint_every": None,
+            # "bf16": the matmuls on bfloat16 operands, all else fp32 (docs/precision.md)
+            "precision": "fp32"}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
             "steps_per_epoch", "eval_steps", "eval_batch_size", "eval_num_steps",
             "valid_batch_size", "valid_num_steps",
             "param_sync_steps", "backward_passes_per_step", "step_timeout_s",
             "checkpoint_every"}
-CHOICES = {"reduce_type": ("grad", "param")}
+CHOICES = {"reduce_type": ("grad", "param"), "precision": ("fp32", "bf16")}
 
 
 class ConfigError(Exception):

@@ -190,7 +190,8 @@ class RunLog:
         return stats
 
     def info(self, line):
-        if self.enabled:
+        """A line on stdout from the chief; None writes nothing."""
+        if self.enabled and line:
             print(f"{PREFIX} {line}", flush=True)
 
     def progress(self, epoch, step, steps, lr, train_ppl, wps, eta_s, loss):
