@@ -8,12 +8,16 @@ PTB_DATA_PATH ?= data/ptb
 export PTB_DATA_PATH
 CONFIG ?= config_small
 NP ?= 2
+# PRECISION=bf16 (or fp32) overrides the config's matmul precision (docs/precision.md); a bf16
+# run has a folder of its own (runs/config_small-np2-bf16)
+PRECISION ?=
 PY := .venv/bin/python
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 RUNS ?= runs
 ARGS ?=
 # runs/config_small-np2; a config given as a path (tests/config_tiny.py) is named by its file
-RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)
+RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)$(if $(filter bf16,$(PRECISION)),-bf16)
+PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
 # A second `make train` continues the first run's checkpoints instead of refusing its folder.
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 
@@ -21,11 +25,11 @@ RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
-	    --output_dir $(call RUN_DIR,np$(NP)) $(call RESUME,np$(NP)) $(ARGS)
+	    --output_dir $(call RUN_DIR,np$(NP)) $(call RESUME,np$(NP)) $(PRECISION_SET) $(ARGS)
 
 single: setup data
 	$(PY) lm_ptb.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) --output_dir $(call RUN_DIR,single) \
-	    $(call RESUME,single) $(ARGS)
+	    $(call RESUME,single) $(PRECISION_SET) $(ARGS)
 
 test: setup data slurm
 	$(PY) -m pytest -q $(TESTS)
@@ -70,11 +74,12 @@ bench-tune: setup data
 # RUNS at a disk that does (RUNS=/mnt/keep make reproduce ...), the same for every sitting.
 REPRODUCE_RUNS = $(abspath $(RUNS))/reproduce
 reproduce: setup data
-	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) --data_path $(PTB_DATA_PATH) \
-	    --runs_dir $(REPRODUCE_RUNS)
+	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
+	    --data_path $(PTB_DATA_PATH) --runs_dir $(REPRODUCE_RUNS)
 
 reproduce-status:
-	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) --runs_dir $(REPRODUCE_RUNS)
+	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
+	    --runs_dir $(REPRODUCE_RUNS)
 
 results: setup
 	$(PY) scripts/results.py build

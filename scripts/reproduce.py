@@ -34,6 +34,9 @@ def parse_args(argv):
     p.add_argument("what", nargs="?", help="shared: what ran beside the run")
     p.add_argument("--config", default="config_medium")
     p.add_argument("--np", type=int, default=2, help="Horovod workers on this host")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="the matmuls' precision (default: the config's); a bf16 run has folders "
+                        "of its own")
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
@@ -43,10 +46,18 @@ def parse_args(argv):
 
 
 def names(args):
-    """(the run folder, the results folder) of this config and worker count."""
+    """(the run folder, the results folder) of this config, worker count and precision."""
     size = os.path.basename(args.config).removesuffix(".py").removeprefix("config_")
-    return (os.path.join(args.runs_dir, f"{size}-np{args.np}"),
-            os.path.join(args.results_dir, f"{size}-{args.np}workers"))
+    bf16 = "-bf16" if args.precision == "bf16" else ""
+    return (os.path.join(args.runs_dir, f"{size}-np{args.np}{bf16}"),
+            os.path.join(args.results_dir, f"{size}-{args.np}workers{bf16}"))
+
+
+def make_command(args):
+    """The make command that starts or continues this run."""
+    return " ".join([f"make reproduce CONFIG={args.config}",
+                     *([f"NP={args.np}"] if args.np != 2 else []),
+                     *([f"PRECISION={args.precision}"] if args.precision != "fp32" else [])])
 
 
 def running(run_dir):
@@ -66,7 +77,7 @@ def trainer_command(args, run_dir):
     return ["mpirun", *root, "-np", str(args.np), "-bind-to", "none", "-map-by", "slot",
             sys.executable, "lm_ptb_distributed.py", "--config", args.config,
             "--data_path", args.data_path, "--output_dir", run_dir, "--log_every", "100",
-            *[f for s in args.set for f in ("--set", s)]]
+            "--set", f"precision={args.precision!r}", *[f for s in args.set for f in ("--set", s)]]
 
 
 def start(args):
@@ -155,15 +166,18 @@ def status(args):
               f"CONFIG={args.config}` starts it")
         return 1
     done = any(e["event"] == "test" for e in log)
-    print(status_line(args.config, log, alive=bool(running(run_dir))))
-    keep(run_dir, results_dir, log[0]["config"], done)
+    print(status_line(make_command(args), log, alive=bool(running(run_dir))))
+    keep(run_dir, results_dir, make_command(args), done)
     return 0
 
 
-def status_line(config_name, log, alive):
-    """One line on a run from its metrics events, and whether its job is alive."""
+def status_line(command, log, alive):
+    """One line on a run from its metrics events, and whether its job is alive; `command`: the
+    make command that continues it."""
     epochs = [e for e in log if e["event"] == "epoch"]
-    line = f"reproduce: {config_name}, {len(epochs)} of {log[0]['config']['num_epochs']} epochs"
+    cfg = log[0]["config"]
+    precision = f" ({cfg['precision']})" if cfg.get("precision", "fp32") != "fp32" else ""
+    line = f"reproduce: {cfg['name']}{precision}, {len(epochs)} of {cfg['num_epochs']} epochs"
     if epochs:
         line += f", last valid ppl {epochs[-1]['valid_ppl']:.2f}"
     tests = [e for e in log if e["event"] == "test"]
@@ -171,7 +185,7 @@ def status_line(config_name, log, alive):
         return line + f", test ppl {tests[-1]['test_ppl']:.2f}: done"
     last = log[-1]
     if not alive:
-        return line + f", stopped; `make reproduce CONFIG={config_name}` continues it"
+        return line + f", stopped; `{command}` continues it"
     if last["event"] == "epoch" and len(epochs) == log[0]["config"]["num_epochs"]:
         return line + ", running the test evaluation"
     if last["event"] == "epoch":  # resumed or validated, no progress line of the next epoch yet
@@ -198,7 +212,7 @@ def shared(args):
     return 0
 
 
-def keep(run_dir, results_dir, cfg, done):
+def keep(run_dir, results_dir, command, done):
     """Copy what the results table reads, so the logs can be committed as the run goes."""
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -213,7 +227,7 @@ def keep(run_dir, results_dir, cfg, done):
                    **{k: v for k, v in first.items()
                       if k not in ("started_utc", "epochs_done_at_start", "command")}},
            "segments": segments,
-           "resume": f"make reproduce CONFIG={cfg['name']}"}
+           "resume": command}
     beside = [f"{s['started_utc']} segment: {'; '.join(s['shared'])}"
               for s in segments if s.get("shared")]
     if beside:
@@ -226,6 +240,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         cfg = config.load_config(args.config, args.set)  # a typo in --config is named as such
+        args.precision = args.precision or cfg["precision"]
         if args.np < 1:
             raise config.ConfigError(f"--np must be 1 or more, got {args.np}")
         if args.action == "start":

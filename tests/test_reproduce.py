@@ -89,22 +89,27 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     """Hand-made events of a 3-epoch run: the epoch it runs is the one after the last epoch line
     until that epoch's first progress line (after a resume, say)."""
     from scripts.reproduce import status_line
-    cfg = {"num_epochs": 3}
+    cfg = {"num_epochs": 3, "name": "config_large"}
     epoch1 = {"event": "epoch", "epoch": 1, "valid_ppl": 249.3182, "config": cfg}
     progress = {"event": "progress", "epoch": 2, "step": 1400, "eta_s": 5400, "config": cfg}
-    assert status_line("config_large", [epoch1], alive=True) == \
+    make = "make reproduce CONFIG=config_large NP=1"
+    assert status_line(make, [epoch1], alive=True) == \
         "reproduce: config_large, 1 of 3 epochs, last valid ppl 249.32, running epoch 2"
-    assert status_line("config_large", [epoch1, progress], alive=True) == \
+    assert status_line(make, [epoch1, progress], alive=True) == \
         "reproduce: config_large, 1 of 3 epochs, last valid ppl 249.32, running epoch 2 " \
         "(step 1400), ETA 1.5 h"
-    assert status_line("config_large", [epoch1], alive=False) == \
+    assert status_line(make, [epoch1], alive=False) == \
         "reproduce: config_large, 1 of 3 epochs, last valid ppl 249.32, stopped; " \
-        "`make reproduce CONFIG=config_large` continues it"
+        "`make reproduce CONFIG=config_large NP=1` continues it"
+    bf16 = [dict(epoch1, config=dict(cfg, precision="bf16"))]
+    assert status_line(make + " PRECISION=bf16", bf16, alive=False) == \
+        "reproduce: config_large (bf16), 1 of 3 epochs, last valid ppl 249.32, stopped; " \
+        "`make reproduce CONFIG=config_large NP=1 PRECISION=bf16` continues it"
     last = [dict(epoch1, epoch=n) for n in (1, 2, 3)]
-    assert status_line("config_large", last, alive=True).endswith(
+    assert status_line(make, last, alive=True).endswith(
         "3 of 3 epochs, last valid ppl 249.32, running the test evaluation")
     test = {"event": "test", "epoch": 3, "test_ppl": 78.1234, "config": cfg}
-    assert status_line("config_large", last + [test], alive=False).endswith(
+    assert status_line(make, last + [test], alive=False).endswith(
         "3 of 3 epochs, last valid ppl 249.32, test ppl 78.12: done")
 
 
