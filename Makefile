@@ -18,8 +18,9 @@ ARGS ?=
 # runs/config_small-np2; a config given as a path (tests/config_tiny.py) is named by its file
 RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)$(if $(filter bf16,$(PRECISION)),-bf16)
 PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
-# A second `make train` continues the first run's checkpoints instead of refusing its folder.
-RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/checkpoints/checkpoint),--resume)
+# A second `make train` continues the first run instead of refusing its folder, whatever point
+# it stopped at (before its first checkpoint, --resume starts afresh and says so).
+RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/metrics.jsonl $(call RUN_DIR,$(1))/checkpoints),--resume)
 
 .PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status venv-tf2.15 gpu-build-check
 train: setup data

@@ -20,6 +20,7 @@ import sys
 from data import ptb
 from utils import cli, config, logs
 from utils.checkpoints import Checkpoints, Position
+from utils.logs import kept_text
 from utils.model import build
 from utils import training
 from utils.watchdog import Watchdog, chief_work_allowance, guard_blocking_call
@@ -286,8 +287,8 @@ def main(argv=None):
     except COLLECTIVE_ERRORS as e:  # tf.distribute 9: a peer is gone
         raise training.TrainingError(
             f"worker {index}: a collective with the other workers failed ({type(e).__name__}), "
-            "so another worker stopped or cannot be reached (its own output says why); the "
-            "last finished epoch's checkpoint is kept, rerun with --resume") from None
+            "so another worker stopped or cannot be reached (its own output says why); "
+            f"{kept_text()}") from None
     watchdog.stop()  # tf.distribute 9
 
 

@@ -10,7 +10,9 @@ peer) in 3 rounds, one after the other within each round, and gives each ratio a
 of the ratios within a round, so that a drift of this shared machine's speed between rounds
 does not become a speedup. Each config's single process is also given as its share of the
 words/sec the fp32 matmul ceiling would allow (FLOPs per word below); the ceiling is the
-fastest of the models' own matmul shapes and two square ones, measured in the same run.
+fastest of the models' own matmul shapes and two square ones, measured in the same run. Each
+config also runs in precision bf16 right after its fp32 run, beside PyTorch's autocast bf16,
+with the bf16 ceiling and floor, and the CPU's bf16 units named.
 """
 import argparse
 import json
@@ -260,6 +262,7 @@ def layer_vs_peer(peer, n_rounds, reps):
 
 
 PEER_SCRIPT = os.path.join(REPO, "scripts", "peer_pytorch.py")
+BF16 = ("--set", "precision='bf16'")  # a trainer's (or the peer's) flags for bf16
 
 
 def find_peer(path):
@@ -553,8 +556,9 @@ def main(argv=None):
     p.add_argument("--ceiling", action="store_true",
                    help="only the fp32 matmul rates the ceiling is taken from (under a minute)")
     p.add_argument("--floor", action="store_true",
-                   help="only each config's matmuls timed alone, the least time a train step "
-                        "could take here, against the ceiling (about 2 minutes)")
+                   help="only each config's matmuls timed alone, in fp32 and in bf16, the least "
+                        "time a train step could take here, against the ceilings (about 4 "
+                        "minutes)")
     p.add_argument("--profile-layer", action="store_true",
                    help="only where one medium LSTM layer's time goes (under a minute)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
@@ -587,16 +591,19 @@ def main(argv=None):
         return write_result({"cores": cores, "cpu": cpu_model(), "matmul_gflops": max(rates.values()),
                              "matmul_gflops_by_shape": rates}, args.out)
     if args.floor:
-        rates = matmul_gflops(matmul_shapes())
-        gflops = max(rates.values())
-        print(f"a train step's matmuls alone, {cores} cores, {cpu_model()}; ms, medians of 5 "
-              "rounds in turns")
-        rows, result = ceiling_rows(rates), {"cores": cores, "cpu": cpu_model(),
-                                             "matmul_gflops": gflops}
-        for size in SIZES:
-            cfg = config.load_config(f"config_{size}")
-            result[f"{size}_matmul_floor_ms"] = matmul_floor(cfg)
-            rows += floor_rows(size, result[f"{size}_matmul_floor_ms"], gflops, cfg)
+        print(f"a train step's matmuls alone, fp32 and bf16, {cores} cores, {cpu_model()}; ms, "
+              "medians of 5 rounds in turns")
+        rows, result = [], {"cores": cores, "cpu": cpu_model()}
+        for dtype in ("fp32", "bf16"):
+            rates = matmul_gflops(matmul_shapes(), dtype=dtype)
+            gflops = max(rates.values())
+            prefix = "" if dtype == "fp32" else "bf16_"
+            rows += ceiling_rows(rates, dtype)
+            result[f"{prefix}matmul_gflops"] = gflops
+            for size in SIZES:
+                cfg = config.load_config(f"config_{size}")
+                floor = result[f"{size}_{prefix}matmul_floor_ms"] = matmul_floor(cfg, dtype=dtype)
+                rows += floor_rows(f"{size}{', bf16' if prefix else ''}", floor, gflops, cfg)
         width = max(len(r[0]) for r in rows)
         for label, value in rows:
             print(f"  {label:<{width}}  {value}")
@@ -608,17 +615,21 @@ def main(argv=None):
             print(f"  {name:<72} {ms:6.1f}")
         return None
 
+    from utils.training import bf16_units
     peer = find_peer(args.peer_python)
     against = other_stack(args.against) if args.against else None
     rates = matmul_gflops(matmul_shapes())
     gflops = max(rates.values())
+    rates_bf16 = matmul_gflops(matmul_shapes(), dtype="bf16")
+    gflops_bf16 = max(rates_bf16.values())
     reps = 9 if args.quick else 15
     n_rounds = 1 if args.quick else 3
     profile = profile_small(reps)
     ablation = ablations(reps)
     evaluation = eval_cost(args.data_path, *((4, 100) if args.quick else (8, 300)))
-    result = {"cores": cores, "cpu": cpu_model(), "matmul_gflops": gflops,
-              "matmul_gflops_by_shape": rates,
+    result = {"cores": cores, "cpu": cpu_model(), "bf16_units": bf16_units(),
+              "matmul_gflops": gflops, "matmul_gflops_by_shape": rates,
+              "bf16_matmul_gflops": gflops_bf16, "bf16_matmul_gflops_by_shape": rates_bf16,
               "small_step_profile_ms": profile, "valid_eval_cost": evaluation,
               "ablation_fwd_bwd_ms": ablation}
     for size in sizes:  # the words/sec each config would reach at the matmul ceiling
@@ -626,6 +637,9 @@ def main(argv=None):
         result[f"{size}_wps_ceiling"] = gflops * 1e9 / result[f"{size}_flops_per_word"]
         result[f"{size}_matmul_floor_ms"] = matmul_floor(config.load_config(f"config_{size}"),
                                                          reps, n_rounds + 2)
+        result[f"{size}_bf16_matmul_floor_ms"] = matmul_floor(
+            config.load_config(f"config_{size}"), reps, n_rounds + 2, dtype="bf16")
+        result[f"{size}_bf16_wps_ceiling"] = gflops_bf16 * 1e9 / result[f"{size}_flops_per_word"]
     n_small = steps["small"]
     runs = {  # name: (launcher, config, steps, extra flags, copies side by side)
         "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", n_small // 2,
@@ -643,8 +657,11 @@ def main(argv=None):
                                           n_ranks, ("--threads", "1"), 1)
         runs[f"{size}_2procs_half_batch_no_allreduce"] = no_allreduce_bound(py, f"config_{size}",
                                                                             n_ranks)
+        # precision bf16, right after its fp32 run in each round
+        runs[f"{size}_single_bf16"] = (py + ["lm_ptb.py"], f"config_{size}", n, BF16, 1)
         if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
             runs[f"{size}_pytorch"] = ([peer, PEER_SCRIPT], f"config_{size}", n, (), 1)
+            runs[f"{size}_pytorch_bf16"] = ([peer, PEER_SCRIPT], f"config_{size}", n, BF16, 1)
     if against:
         runs = with_runs_against(runs, args.against, against)
     rounds, summary = run_rounds(runs, n_rounds, args.data_path)
@@ -657,6 +674,15 @@ def main(argv=None):
         for size in sizes:
             result[f"{size}_single_vs_pytorch"] = median_ratio(
                 rounds, f"{size}_single_all_cores", f"{size}_pytorch")
+            result[f"{size}_bf16_vs_pytorch_bf16"] = median_ratio(
+                rounds, f"{size}_single_bf16", f"{size}_pytorch_bf16")
+            result[f"{size}_pytorch_bf16_vs_fp32"] = median_ratio(
+                rounds, f"{size}_pytorch_bf16", f"{size}_pytorch")
+    for size in sizes:
+        result[f"{size}_bf16_vs_fp32"] = median_ratio(rounds, f"{size}_single_bf16",
+                                                      f"{size}_single_all_cores")
+        result[f"{size}_bf16_share_of_bf16_ceiling"] = \
+            result[f"{size}_single_bf16"]["wps"] / result[f"{size}_bf16_wps_ceiling"]
     for size in sizes:
         result[f"{size}_share_of_ceiling"] = \
             result[f"{size}_single_all_cores"]["wps"] / result[f"{size}_wps_ceiling"]
@@ -667,7 +693,9 @@ def main(argv=None):
         result[f"{size}_2ranks_vs_no_allreduce"] = median_ratio(rounds, two, no_allreduce)
     result["small_2_vs_1_rank_speedup"] = median_ratio(rounds, "small_2ranks_1thread",
                                                        "small_1rank_1thread")
-    rows = ceiling_rows(rates)
+    rows = ceiling_rows(rates) + ceiling_rows(rates_bf16, "bf16") + [
+        ("bf16 units of this CPU (/proc/cpuinfo)", ", ".join(result["bf16_units"]) or
+         "none: bf16 is emulated")]
     for size in sizes:
         rows += [
             (f"{size}: FLOPs per word (fwd + bwd)", f"{result[f'{size}_flops_per_word'] / 1e6:.1f} MFLOP"),
@@ -685,6 +713,21 @@ def main(argv=None):
              "the bound for 2 ranks"),
             (f"{size}, 2 ranks x 1 thread / that bound", f"{result[f'{size}_2ranks_vs_no_allreduce']:.2f}x"),
         ]
+    for size in sizes:
+        cfg = config.load_config(f"config_{size}")
+        rows += [
+            (f"{size}, single process, bf16", f"{result[f'{size}_single_bf16']['wps']:,.0f} wps "
+                                               f"({100 * result[f'{size}_bf16_share_of_bf16_ceiling']:.0f} % "
+                                               "of the bf16 ceiling)"),
+            (f"{size}, bf16 / fp32 (single process)", f"{result[f'{size}_bf16_vs_fp32']:.2f}x"),
+            (f"{size}, fp32 floor / bf16 floor (the most bf16 could gain on matmuls alone)",
+             f"{result[f'{size}_matmul_floor_ms']['step floor'] / result[f'{size}_bf16_matmul_floor_ms']['step floor']:.2f}x"),
+            floor_row(f"{size}, bf16", result[f"{size}_bf16_matmul_floor_ms"], gflops_bf16, cfg),
+        ]
+        if peer:
+            rows += [(f"{size}, bf16 / PyTorch's autocast bf16",
+                      f"{result[f'{size}_bf16_vs_pytorch_bf16']:.2f}x (PyTorch autocast / its "
+                      f"fp32: {result[f'{size}_pytorch_bf16_vs_fp32']:.2f}x)")]
     rows += [
         ("small, 1 rank x 1 thread", f"{result['small_1rank_1thread']['wps']:,.0f} wps"),
         ("small, 2 ranks x 1 thread / 1 rank x 1 thread", f"{result['small_2_vs_1_rank_speedup']:.2f}x"),

@@ -9,6 +9,8 @@ batch), SGD with global-norm clipping, real PTB windows with the state carried a
         --set steps_per_epoch=100 --log_every 10
 writes D/metrics.jsonl with the progress events our trainers write, so that the benchmark
 reads both alike. `--layer H` instead prints one LSTM layer's fwd+bwd time (batch 20) as JSON.
+With `--set precision='bf16'` the forward runs under torch.autocast("cpu", dtype=torch.bfloat16),
+PyTorch's own mixed precision: the bf16 peer of precision="bf16".
 """
 import json
 import os
@@ -54,6 +56,8 @@ def train(args, cfg):
     zeros = torch.zeros(cfg["num_layers"], cfg["batch_size"], cfg["hidden_size"])
     state = (zeros, zeros)
     log_every = args.log_every or max(1, steps // 10)
+    # precision "bf16": PyTorch's own mixed precision, autocast (its LSTM and Linear in bf16)
+    bf16 = cfg["precision"] == "bf16"
     os.makedirs(args.output_dir, exist_ok=True)
     metrics = open(os.path.join(args.output_dir, "metrics.jsonl"), "w")
     event = {"config": dict(cfg, name=args.config), "world_size": 1}
@@ -62,9 +66,11 @@ def train(args, cfg):
         x = torch.from_numpy(xs[step].T.astype("int64"))
         y = torch.from_numpy(ys[step].T.astype("int64"))
         state = tuple(s.detach() for s in state)
-        logits, state = model(x, state)
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum") / x.shape[1]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits, state = model(x, state)
+        state = tuple(s.float() for s in state)
+        loss = torch.nn.functional.cross_entropy(  # in fp32, as ours
+            logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum") / x.shape[1]
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_grad_norm"])

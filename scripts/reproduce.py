@@ -4,7 +4,7 @@
     make reproduce-status CONFIG=config_medium   # = python scripts/reproduce.py status ...
 
 `start` launches `mpirun -np NP lm_ptb_distributed.py` in the background (it outlives this
-command, not the machine), with --resume when the run folder has a checkpoint, appending its
+command, not the machine), with --resume when the run folder holds a run, appending its
 output to <run>/train.log, and records the start (time, commit, CPU, command) as a segment.
 `status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
 results table reads into results/<size>-<NP>workers/ (kind "running" until the last epoch,
@@ -91,7 +91,7 @@ def start(args):
         return 0
     os.makedirs(run_dir, exist_ok=True)
     command = trainer_command(args, run_dir)
-    resume = os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint"))
+    resume = holds_a_run(run_dir)
     if resume:
         command.append("--resume")
     env = record()
@@ -117,6 +117,13 @@ def start(args):
     print(f"reproduce: {'resumed' if resume else 'started'} {args.config} with {args.np} workers "
           f"in the background (pid {job.pid}); log {shown(run_dir)}/train.log")
     return 0
+
+
+def holds_a_run(run_dir):
+    """Whether a trainer has written in run_dir: then --resume continues it (or, stopped before
+    its first checkpoint, starts it afresh), where a plain start would refuse the folder."""
+    return any(os.path.exists(os.path.join(run_dir, name))
+               for name in ("metrics.jsonl", "checkpoints"))
 
 
 def shown(path):

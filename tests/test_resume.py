@@ -108,9 +108,93 @@ def test_stop_during_training_resumes_with_one_line_per_epoch(ptb_path, tmp_path
     resumed = run_script(["lm_ptb.py", *args, "--resume"], timeout=180)
     resumed.check_returncode()
     one_line_per_epoch(out, 3)
+    assert f"[ptb] --resume: continuing from {out}/checkpoints/ckpt-1 (the end of epoch 1)" \
+        in resumed.stdout.splitlines(), resumed.stdout
     # TensorFlow's warnings about checkpoint values left unread (the in-epoch ones) read like a
     # damaged checkpoint at the end of every resumed run's log
     assert "could not be found in the restored object" not in resumed.stderr, resumed.stderr
+
+
+FIRST_EPOCH = ["--config", TINY, "--log_every", "5", "--set", "num_epochs=2",
+               "--set", "steps_per_epoch=300", "--set", "eval_steps=5"]
+
+
+def stopped_in_first_epoch(run_dir):
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    return lambda: os.path.exists(metrics) and any(e["epoch"] == 1 and e["step"] >= 10
+                                                   for e in events(run_dir, "progress"))
+
+
+def assert_started_afresh_once(run_dir, stdout):
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    assert f"[ptb] --resume: no checkpoint in {checkpoints} yet, so this run starts afresh" \
+        in stdout.splitlines(), stdout
+    one_line_per_epoch(run_dir, 2)
+    steps = [e["step"] for e in events(run_dir, "progress") if e["epoch"] == 1]
+    assert steps[0] == 5 and steps == sorted(set(steps)), steps  # the stopped attempt's dropped
+
+
+def test_a_stop_before_the_first_checkpoint_is_rerun_by_the_same_command(long_corpus, tmp_path):
+    """Stopped in its first epoch, a run has a log and no checkpoint: its last line says there
+    is none, and the command with --resume (what make, reproduce and Slurm add to a folder that
+    holds a run) starts it afresh instead of refusing."""
+    out = str(tmp_path / "run")
+    args = [*FIRST_EPOCH, "--data_path", long_corpus, "--output_dir", out]
+    stderr = stop_when(start(args), stopped_in_first_epoch(out))
+    assert not os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: stopped by SIGTERM; no checkpoint was saved yet in {out}/checkpoints: rerun the "
+        "same command (--resume or not) to start afresh"), stderr
+    r = run_script(["lm_ptb.py", *args, "--resume"], timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert_started_afresh_once(out, r.stdout)
+    assert "[ptb] --resume: continuing from" not in r.stdout
+
+
+def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(long_corpus, tmp_path):
+    out = str(tmp_path / "run")
+    args = [*FIRST_EPOCH, "--data_path", long_corpus, "--output_dir", out]
+    cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
+           "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
+    job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, env=script_env())
+    deadline = time.monotonic() + 120
+    while not stopped_in_first_epoch(out)():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)  # mpirun passes it to both ranks
+    stderr = job.communicate(timeout=60)[1]
+    assert job.returncode != 0
+    said = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert said and all("no checkpoint was saved yet" in line for line in said), stderr
+    assert "finished epoch's checkpoint" not in stderr
+    r = mpirun((2, [*args, "--resume"]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_started_afresh_once(out, r.stdout)
+
+
+def test_make_single_stopped_in_its_first_epoch_continues_with_make_single(ptb_path, tmp_path):
+    """What a new user does: `make single`, Ctrl-C (SIGINT to the whole foreground group) in
+    the first epoch, `make single` again."""
+    runs = tmp_path / "runs"
+    make = ["make", "single", f"CONFIG={TINY}", f"RUNS={runs}",
+            f"ARGS={' '.join(FIRST_EPOCH[2:])}"]
+    env = dict(script_env(), PTB_DATA_PATH=ptb_path)  # `make data` md5-checks it: real PTB
+    out = str(runs / "config_tiny-single")
+    job = subprocess.Popen(make, cwd=REPO, env=env, text=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not stopped_in_first_epoch(out)():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGINT)
+    stderr = job.communicate(timeout=60)[1]
+    assert job.returncode != 0 and "error: stopped by SIGINT; no checkpoint was saved yet" \
+        in stderr, stderr
+    r = subprocess.run(make, cwd=REPO, env=env, text=True, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--resume" in r.stdout  # make added it: the folder holds a run
+    assert_started_afresh_once(out, r.stdout)
 
 
 def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):

@@ -38,6 +38,6 @@ def test_steps_in_time_are_not_stopped_and_a_stuck_one_is():
     assert r.returncode == EXIT_STATUS and elapsed < 0.5 + 1 + 2, (r.returncode, elapsed)
     assert r.stderr.splitlines() == [
         "error: rank 3 of 4: a training step did not finish in 1 s, so a peer rank is probably "
-        "stopped or hung (or this host is that slow); the checkpoint of the last finished epoch "
-        "is kept in runs/x: relaunch with --resume (and --set step_timeout_s=N if the steps are "
-        "really that slow)"]
+        "stopped or hung (or this host is that slow); no checkpoint was saved yet in "
+        "runs/x/checkpoints: rerun the same command (--resume or not) to start afresh (and "
+        "--set step_timeout_s=N if the steps are really that slow)"]

@@ -14,13 +14,12 @@ from data import ptb
 from utils import import_tensorflow
 from utils.cli import signals_deferred
 from utils.config import ConfigError
-from utils.logs import OutputError, first_line, os_reason
+from utils.logs import IN_EPOCH, PREFIX, RUN, OutputError, first_line, os_reason
 
 tf = import_tensorflow()
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
 DATA_PATH_FILE = "data_path.txt"  # the corpus folder it last trained on, for evaluate.py
-IN_EPOCH = "steps"  # subfolder of the checkpoints saved inside an epoch
 
 
 class Position(NamedTuple):
@@ -72,16 +71,30 @@ class Checkpoints:
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder, max_to_keep=keep)
         self.in_epoch_manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(self.folder, IN_EPOCH), max_to_keep=2)
+        self.restored = None
+        RUN["checkpoints"] = self.folder  # for the stop messages: logs.kept_text()
 
     def start(self, resume):
-        """Epochs already done: restored with --resume; else 0, refusing to mix with a past run."""
+        """Epochs already done: restored with --resume, which starts afresh where no checkpoint
+        was saved yet (a run stopped in its first epoch, or never started), so that the same
+        command continues a run whatever point it stopped at; without --resume, 0, refusing to
+        mix with a past run. Says in one line which it did."""
         if resume:
             if os.path.exists(self.vocab_path) and ptb.read_vocab(self.vocab_path) != self.vocab:
                 raise ConfigError(f"--resume: the vocabulary of --data_path differs from the "
                                   f"run's {self.vocab_path}; resume with the data it was "
                                   "trained on")
+            if not self._candidates():
+                print(f"{PREFIX} --resume: no checkpoint in {self.folder} yet, so this run "
+                      "starts afresh", flush=True)
+                os.makedirs(self.output_dir, exist_ok=True)
+                self._record_data_path()
+                return Position(0)
             position = self.restore_latest()
             self._record_data_path()  # the folder it trains on now, if the corpus moved
+            where = f"epoch {position.epochs_done + 1} step {position.step}" if position.step \
+                else f"the end of epoch {position.epochs_done}"
+            print(f"{PREFIX} --resume: continuing from {self.restored} ({where})", flush=True)
             return position
         earlier = [p for p in (self.folder, os.path.join(self.output_dir, "metrics.jsonl"))
                    if os.path.exists(p)]
@@ -182,6 +195,7 @@ class Checkpoints:
             for bad, why in damaged:
                 print(f"warning: checkpoint {bad} is damaged ({why}); resuming from {path}",
                       file=sys.stderr, flush=True)
+            self.restored = path
             return self.position(path)
         raise ConfigError(f"--resume: no checkpoint in {self.folder} loads (damaged: "
                           f"{', '.join(os.path.basename(p) for p, _ in damaged)}); start afresh "

@@ -63,16 +63,15 @@ def run_main(main, argv=None):
     except Exception as e:  # noqa: BLE001 -- only stops and Horovod's shutdown are ours
         # After a stop signal, any error is the stop: our Interrupted, or what TensorFlow made
         # of it when the signal came while its Python code ran (a TypeError, a pybind11 error).
+        from utils.logs import kept_text
         if _received["signum"] is not None:
             if _reports["stops"]:
-                print(f"error: stopped by {signal.Signals(_received['signum']).name}; the last "
-                      "finished epoch's checkpoint is kept, rerun with --resume to continue",
-                      file=sys.stderr, flush=True)
+                print(f"error: stopped by {signal.Signals(_received['signum']).name}; "
+                      f"{kept_text()}", file=sys.stderr, flush=True)
             return 128 + _received["signum"]
         if "Horovod has been shut down" not in str(e):
             raise
         print("error: another rank stopped, so this one stops too (that rank's error says "
-              "why); the last finished epoch's checkpoint is kept, rerun with --resume",
-              file=sys.stderr, flush=True)
+              f"why); {kept_text()}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -9,6 +9,7 @@ import time
 from utils.config import ConfigError
 
 PREFIX = "[ptb]"
+IN_EPOCH = "steps"  # subfolder of the checkpoints saved inside an epoch
 
 
 class OutputError(Exception):
@@ -101,6 +102,40 @@ def check_writable(folder):
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"--output_dir {folder} is not writable ({probe} is not a writable "
                           "folder); choose another --output_dir")
+
+
+RUN = {"checkpoints": None}  # the checkpoint folder of this process's run (utils/checkpoints.py)
+
+
+def newest_checkpoint(folder):
+    """The newest checkpoint's path in a run's checkpoint folder, from the pointer files alone
+    (no TensorFlow: the watchdog's thread calls it while the main thread is stuck): the epoch
+    ends' pointer or the in-epoch one, whichever was written last; None if neither exists."""
+    newest, newest_time = None, None
+    for pointer in (os.path.join(folder, "checkpoint"),
+                    os.path.join(folder, IN_EPOCH, "checkpoint")):
+        try:
+            with open(pointer) as f:
+                name = f.readline().split('"')[1]
+            written = os.path.getmtime(pointer)
+        except (OSError, IndexError):
+            continue
+        if newest_time is None or written > newest_time:
+            newest, newest_time = os.path.join(os.path.dirname(pointer), name), written
+    return newest
+
+
+def kept_text(output_dir=None):
+    """What a stopped run leaves on disk, for its last line: the newest checkpoint by name, or
+    that there is none; either way, the same command with --resume goes on. output_dir: the
+    run's folder, where this process has no Checkpoints (yet)."""
+    folder = RUN["checkpoints"] or (output_dir and os.path.join(output_dir, "checkpoints"))
+    newest = newest_checkpoint(folder) if folder else None
+    if newest:
+        return f"the newest checkpoint, {newest}, is kept: rerun with --resume to continue from it"
+    where = f" in {folder}" if folder else ""
+    return (f"no checkpoint was saved yet{where}: rerun the same command (--resume or not) to "
+            "start afresh")
 
 
 def workers_text(steps, workers):

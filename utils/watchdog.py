@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+from utils.logs import kept_text
+
 EXIT_STATUS = 124  # what timeout(1) returns
 TICK_S = 1.0  # the watchdog looks at the deadline once a second
 PAUSED_S = 2.0  # a tick this late means this process was not running
@@ -65,9 +67,9 @@ class Watchdog:
 
     def message(self):
         return (f"error: {self.where}: {self._what} did not finish in {self._allowed_s:.0f} s, so "
-                f"a peer {self.role} is probably stopped or hung (or this host is that slow); the "
-                f"checkpoint of the last finished epoch is kept in {self.output_dir}: relaunch "
-                "with --resume (and --set step_timeout_s=N if the steps are really that slow)")
+                f"a peer {self.role} is probably stopped or hung (or this host is that slow); "
+                f"{kept_text(self.output_dir)} (and --set step_timeout_s=N if the steps are "
+                "really that slow)")
 
 
 def chief_work_allowance(step_s, train_window, eval_windows):
