@@ -185,7 +185,8 @@ def main(argv=None):
                               model.zero_state(cfg["batch_size"]))
     position = checkpoints.start(args.resume) if is_chief else None
     position = hvd.broadcast_object(position, root_rank=0)  # Horovod 4: resume together
-    hvd.broadcast_variables(model.variables + [optimizer.iterations], root_rank=0)  # Horovod 4
+    # Horovod 4: the weights and the optimizer's state (its step, and slots such as momentum)
+    hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
     if cfg["timeline"]:
         start_timeline(args.output_dir)  # Horovod 9
     after_step = parameter_averaging(model, cfg)  # Horovod 3: None unless reduce_type "param"

@@ -68,6 +68,31 @@ def test_bf16_resume_equals_the_uninterrupted_bf16_run_and_precision_may_change(
         assert losses(mixed, epoch) != pytest.approx(losses(whole, epoch), rel=1e-6)
 
 
+def test_momentum_slots_are_the_same_on_every_rank_after_a_resume(corpus, tmp_path):
+    """An optimizer with state (momentum: one slot per weight): rank 0 restores the slots with
+    the checkpoint and every rank must take them, or the ranks train apart after a resume."""
+    def momentum_run(args):
+        cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+               "--oversubscribe", "-bind-to", "none", "-np", "2", sys.executable,
+               os.path.join("tests", "momentum_trainer.py"), "lm_ptb_distributed.py", *args]
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240,
+                           env=script_env())
+        assert r.returncode == 0, r.stdout + r.stderr
+    base = ["--config", TINY, "--data_path", corpus, "--set", "steps_per_epoch=20",
+            "--set", "eval_steps=2", "--set", "learning_rate=0.2", "--log_every", "1"]
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    momentum_run([*base, "--output_dir", whole, "--set", "num_epochs=2"])
+    momentum_run([*base, "--output_dir", split, "--set", "num_epochs=1"])
+    momentum_run([*base, "--output_dir", split, "--set", "num_epochs=2", "--resume"])
+    assert losses(split, 1) == losses(whole, 1)
+    assert losses(split, 2) == pytest.approx(losses(whole, 2), rel=1e-5)
+    # the slots are in the checkpoint, and not zero: momentum was really used
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(os.path.join(split, "checkpoints"))
+    slots = [n for n in reader.get_variable_to_shape_map() if "/momentum/" in n]
+    assert len(slots) >= 8 and all(abs(reader.get_tensor(n)).max() > 0 for n in slots)
+
+
 def start(args):
     return subprocess.Popen([sys.executable, "lm_ptb.py", *args], cwd=REPO, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

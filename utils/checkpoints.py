@@ -13,6 +13,7 @@ from typing import NamedTuple
 from data import ptb
 from utils import import_tensorflow
 from utils.cli import signals_deferred
+from utils.training import create_slots
 from utils.config import ConfigError
 from utils.logs import IN_EPOCH, PREFIX, RUN, OutputError, first_line, os_reason
 
@@ -54,6 +55,7 @@ class Checkpoints:
         """corpus: a ptb.Corpus (its vocabulary and folder are kept with the run);
         state_template: the model's zero state for the global batch (its shapes)."""
         self.output_dir = output_dir
+        create_slots(optimizer, model.trainable_variables)  # restored, then broadcast, with it
         self.vocab = corpus.vocab
         self.data_path = corpus.path
         self.vocab_path = os.path.join(output_dir, VOCAB_FILE)

@@ -68,6 +68,14 @@ def precision_note(cfg, cpuinfo=None, gpus=None):
             "precision='fp32' trains faster")
 
 
+def create_slots(optimizer, variables):
+    """The optimizer's state (momentum, Adam's moments: a slot per weight) made now. Legacy Keras
+    makes it at the first update, after a checkpoint's restore and the ranks' broadcast: then
+    only the restoring rank would hold the saved state, and the ranks would train apart."""
+    with optimizer._distribution_strategy_scope():  # tf.distribute: slots beside their weights
+        optimizer._create_all_weights(variables)
+
+
 def available_cores():
     return len(os.sched_getaffinity(0))
 
