@@ -53,6 +53,7 @@ def commit_in_epoch(state, checkpoints, is_chief):
 def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
+    cfg["checkpoint_every"] = cfg["checkpoint_every"] or COMMIT_EVERY  # Elastic 5: as logged
     set_horovod_env(cfg)  # Horovod 2, 9
     hvd.init()  # Horovod 1: start the ranks' background communication
     pin_to_local_rank(args.threads)  # Horovod 2
@@ -91,7 +92,6 @@ def main(argv=None):
     optimizer.iterations  # Elastic 1: created now, so that the state below holds it
     # Elastic 1: what a reset restores (the last commit) and hands to new workers (rank 0's)
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, position=position, sizes=())
-    cfg["checkpoint_every"] = cfg["checkpoint_every"] or COMMIT_EVERY  # Elastic 5
     if cfg["timeline"]:
         start_timeline(args.output_dir)  # Horovod 9
     watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), workers, args.output_dir)  # Horovod 10
@@ -110,6 +110,8 @@ def main(argv=None):
                                               args.seed, hvd.rank())  # Elastic 4: own masks
         after_step = parameter_averaging(model, cfg)  # Elastic 4
         log.enabled, log.world_size = is_chief, workers  # Elastic 4
+        if is_chief:
+            checkpoints.reread()  # Elastic 4: this rank 0 may be new; the others saved till now
         cli.report_stops(is_chief)  # Elastic 4
         watchdog.where = f"rank {hvd.rank()} of {workers}"  # Elastic 4
         change = membership.start(hvd.allgather_object(membership.mine()), position)  # Elastic 8

@@ -308,15 +308,20 @@ PUBLISHED = {"config_small": (114.72, 115.91, 114.5), "config_medium": (84.42, 8
              "config_large": (78.72, 78.29, 78.4)}
 
 
+def precision(run):
+    return run["config"].get("precision", "fp32")  # runs logged before the key: fp32
+
+
 def card_run(runs, name):
     """The run a config's README row shows: the card's command (2 workers) over the whole
-    schedule, done or running; else one process's; else the longest partial run."""
+    schedule, done or running; else one process's; else the longest partial run. Within each of
+    these, an fp32 run (the paper's precision) before a bf16 one."""
     trained = [r for r in runs if r["config"]["name"] == name and r["kind"] != "bounded"]
     for kinds, workers in ((("full", "running"), 2), (("full", "running"), 1),
                            (("partial",), 2), (("partial",), 1)):
         found = [r for r in trained if r["kind"] in kinds and r["workers"] == workers]
         if found:
-            return max(found, key=epoch_count)
+            return max(found, key=lambda r: (precision(r) == "fp32", epoch_count(r)))
     return None
 
 
@@ -342,20 +347,48 @@ def paper_table(runs):
         run = card_run(runs, name)
         if run is None:
             continue
+        alike = [r for r in runs if precision(r) == precision(run)]  # times in its precision
         run2, run1 = (r if r and epoch_count(r) else None  # timed: with an epoch done
-                      for r in (longest_trained(runs, name, 2), longest_trained(runs, name, 1)))
+                      for r in (longest_trained(alike, name, 2), longest_trained(alike, name, 1)))
         t2, t1 = (r and epoch_time(r) for r in (run2, run1))
         cells = [epochs_cell(run, name), *(fmt(last(run, event, key), ".2f") for event, key in (
             ("epoch", "train_ppl"), ("epoch", "valid_ppl"), ("test", "test_ppl"))),
             fmt(t2, ".0f", " s"), fmt(t1, ".0f", " s"),
             " / ".join(map(str, PUBLISHED[name])), machine([run, run1, run2])]
-        rows.append(f"| {name.replace('config_', '')} | {' | '.join(cells)} |")
+        label = name.replace("config_", "") + (", bf16" if precision(run) == "bf16" else "")
+        rows.append(f"| {label} | {' | '.join(cells)} |")
+    return rows
+
+
+def bf16_table(runs):
+    """Each bf16 run's valid perplexity per epoch against the fp32 run of the same config and
+    workers at the same epoch (the test perplexity too, where both have one)."""
+    rows = ["| config | workers | epoch | valid ppl, bf16 | valid ppl, fp32 | difference |",
+            "|" + " --- |" * 6]
+    for r in sorted((r for r in runs if precision(r) == "bf16"), key=lambda r: r["name"]):
+        name, workers = r["config"]["name"], r["workers"]
+        fp32 = longest_trained([f for f in runs if precision(f) == "fp32"], name, workers)
+        reference = {e["epoch"]: e["valid_ppl"] for e in (fp32 or {"events": []})["events"]
+                     if e["event"] == "epoch"}
+        pairs = [(e["epoch"], e["valid_ppl"], reference.get(e["epoch"]))
+                 for e in r["events"] if e["event"] == "epoch"]
+        tests = [last(x, "test", "test_ppl") if x else None for x in (r, fp32)]
+        if all(tests) and epoch_count(r) == epoch_count(fp32):
+            pairs.append(("test", *tests))
+        for epoch, bf16, ref in pairs:
+            diff = f"{100 * (bf16 - ref) / ref:+.2f} %" if ref else "—"
+            rows.append(f"| {name.replace('config_', '')} | {workers} | {epoch} | {bf16:.2f} | "
+                        f"{fmt(ref, '.2f')} | {diff} |")
     return rows
 
 
 def results_block(runs):
     """The lines between the results markers of README.md."""
     return paper_table(runs)
+
+
+def fp32_only(runs):
+    return [r for r in runs if precision(r) == "fp32"]
 
 
 def results_readme(runs):
@@ -366,10 +399,13 @@ def results_readme(runs):
         "perplexity cell gives the 2-worker run, then the one-process run, for the last epoch "
         "(train, valid) and the test set after training; \"bounded\" rows time only the first "
         "steps of an epoch and scale them to a full epoch.", "",
-        *table(runs), "", "![perplexity per epoch](perplexity.png) "
+        *table(fp32_only(runs)), "", "![perplexity per epoch](perplexity.png) "
         "![words/sec against workers](wps.png)", "",
         "Epoch by epoch, the longest 2-worker run of each config against its longest one-process "
-        "run (difference: 2 workers relative to one process):", "", *epoch_by_epoch(runs), "",
+        "run (difference: 2 workers relative to one process):", "",
+        *epoch_by_epoch(fp32_only(runs)), "",
+        "bf16 runs (precision='bf16', docs/precision.md), apart from the table above, against "
+        "the fp32 run of the same config and workers:", "", *bf16_table(runs), "",
         "Runs (command, date, machine):", "",
         *provenance(runs), ""])
 
@@ -378,7 +414,7 @@ def build():
     runs = load_all()
     if not runs:
         sys.exit("error: no runs under results/; record some first")
-    plots(runs)
+    plots(fp32_only(runs))
     path = os.path.join(REPO, "README.md")
     with open(path) as f:
         text = f.read()

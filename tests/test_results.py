@@ -129,3 +129,36 @@ def test_a_run_of_several_sittings_names_the_epochs_machine_and_commit_of_each()
         "run) | epoch 3 from d3 UTC on AMD EPYC, 2 cores, commit ccc (beside it: nothing else "
         "noted) | epoch 4 from d4 UTC on AMD EPYC, 2 cores, commit ddd (beside it: nothing "
         "else noted)")
+
+
+def bf16(r):
+    return dict(r, name=r["name"] + "-bf16", config=dict(r["config"], precision="bf16"))
+
+
+def test_the_readme_row_is_fp32_where_both_precisions_ran_and_says_bf16_where_only_it_did():
+    env = {"cpu": "AMD EPYC", "cores": 2}
+    fp32 = dict(run("full", 2, [epoch(1, 51.0, 61.0, 100.0), {"event": "test", "test_ppl": 58.0}]),
+                env=env)
+    fast = bf16(dict(run("full", 2, [epoch(1, 52.0, 62.0, 50.0),
+                                     {"event": "test", "test_ppl": 59.0}]), env=env))
+    assert results.paper_table([fast, fp32])[2].startswith(
+        "| small | 1 | 51.00 | 61.00 | 58.00 | 100 s | — |")
+    # a one-process bf16 run of the whole schedule before an fp32 partial one, times its own
+    partial = dict(run("partial", 1, [epoch(1, 300.0, 200.0, 900.0)]), env=env)
+    running = bf16(dict(run("running", 1, [epoch(1, 290.0, 190.0, 600.0)]), env=env))
+    assert results.paper_table([partial, running])[2].startswith(
+        "| small, bf16 | 1 of 13, running (1 process), ETA ≈ 2 h | 290.00 | 190.00 | — | — | "
+        "600 s |")
+    # and the tables of results/README.md keep to fp32
+    assert len(results.table(results.fp32_only([fast, fp32]))) == 3
+
+
+def test_the_bf16_table_sets_each_epoch_beside_the_fp32_runs_same_epoch():
+    fp32 = run("full", 2, [epoch(1, 300.0, 200.0, 60.0), epoch(2, 200.0, 150.0, 60.0),
+                           {"event": "test", "test_ppl": 140.0}])
+    fast = bf16(run("full", 2, [epoch(1, 300.0, 202.0, 30.0), epoch(2, 200.0, 148.5, 30.0),
+                                {"event": "test", "test_ppl": 141.4}]))
+    assert results.bf16_table([fp32, fast])[2:] == [
+        "| small | 2 | 1 | 202.00 | 200.00 | +1.00 % |",
+        "| small | 2 | 2 | 148.50 | 150.00 | -1.00 % |",
+        "| small | 2 | test | 141.40 | 140.00 | +1.00 % |"]

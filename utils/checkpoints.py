@@ -70,11 +70,20 @@ class Checkpoints:
         self._core = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                          epochs_done=self.epochs_done)
         self.folder = os.path.join(output_dir, "checkpoints")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder, max_to_keep=keep)
-        self.in_epoch_manager = tf.train.CheckpointManager(
-            self.checkpoint, os.path.join(self.folder, IN_EPOCH), max_to_keep=2)
+        self.keep = keep
+        self.reread()
         self.restored = None
         RUN["checkpoints"] = self.folder  # for the stop messages: logs.kept_text()
+
+    def reread(self):
+        """The lists of checkpoints on disk, read anew. Each manager reads its folder's list once
+        and writes it back at every save: a process that starts saving later (an elastic worker
+        made rank 0) must read it first, or it drops the checkpoints saved meanwhile from the
+        list, and an older one could no longer stand in for a damaged newest one."""
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder,
+                                                  max_to_keep=self.keep)
+        self.in_epoch_manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(self.folder, IN_EPOCH), max_to_keep=2)
 
     def start(self, resume):
         """Epochs already done: restored with --resume, which starts afresh where no checkpoint

@@ -6,6 +6,7 @@ import time
 from data import ptb
 from utils import import_tensorflow
 from utils.cli import signals_deferred
+from utils.config import ConfigError
 from utils.model import sequence_loss
 
 tf = import_tensorflow()
@@ -208,6 +209,11 @@ def train_epoch(train_step, model, x, y, epoch, cfg, log, average=None, log_ever
     log_every = log_every or max(1, steps // 10)
     save_every = cfg["checkpoint_every"] if save else None
     first, loss_sum, state = 0, 0.0, model.zero_state(x.shape[1])
+    if resume_at is not None and resume_at.step >= steps:
+        raise ConfigError(f"--resume: the checkpoint is {resume_at.step} steps into epoch "
+                          f"{epoch + 1}, which now has {steps} (steps_per_epoch="
+                          f"{cfg['steps_per_epoch']}); resume with the steps_per_epoch it was "
+                          "saved with, or more")
     if resume_at is not None and resume_at.step:
         first, loss_sum = resume_at.step, resume_at.loss_sum
         state = tf.nest.pack_sequence_as(state, [tf.constant(a) for a in resume_at.state])
