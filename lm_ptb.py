@@ -52,10 +52,10 @@ def main(argv=None):
         for epoch in range(start_epoch, cfg["num_epochs"]):
             lr = training.learning_rate(cfg, epoch, workers)
             optimizer.learning_rate.assign(lr)
+            resume_at = position if epoch == start_epoch else None
             stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
                                          log_every=args.log_every, workers=workers,
-                                         resume_at=position if epoch == start_epoch else None,
-                                         save=checkpoints.save_in_epoch)
+                                         resume_at=resume_at, save=checkpoints.save_in_epoch)
             step += stats["steps"]
             if is_chief:
                 checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
@@ -68,9 +68,10 @@ def main(argv=None):
 
     unlogged = log.resume(position) if args.resume else None
     if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
+        valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
         done = position.epochs_done
         log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                  unlogged, training.evaluate(eval_step, model, *valid, cfg))
+                  unlogged, valid_ppl)
     train(position)
 
 

@@ -2,8 +2,9 @@
 added while it trains, and it goes on with those that are left.
 
 This is lm_ptb_distributed.py plus Horovod elastic: `diff lm_ptb_distributed.py
-lm_ptb_elastic.py` shows only the elastic lines, tagged `# Elastic N:` after the steps in
-README.md. `batch_size` stays the global batch, split anew among the workers after each change.
+lm_ptb_elastic.py` shows the elastic lines, tagged `# Elastic N:` (docs/elastic.md), and the
+training loop moved into the function that hvd.elastic.run restarts. `batch_size` stays the
+global batch, split anew among the workers after each change.
 
     horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh \
         python lm_ptb_elastic.py --config config_small
@@ -18,12 +19,8 @@ from utils.checkpoints import Checkpoints, Position
 from utils.membership import Membership
 from utils.model import build
 from utils import training
-from utils.watchdog import Watchdog
-# Horovod 3: imported after utils, which selects Keras 2, whose optimizer Horovod averages in
-import horovod.tensorflow as hvd
-from lm_ptb_distributed import (  # Elastic 0: its Horovod steps, unchanged
-    average_over_ranks, check_ranks_agree, gather_rows_and_save, own_rows, parameter_averaging,
-    pin_to_local_rank, set_horovod_env, start_timeline, wait_for_chief)
+import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects Keras 2: Horovod 3)
+import horovod_steps as steps  # Horovod 1-10: the steps' bodies, shared with lm_ptb_distributed.py
 
 
 COMMIT_EVERY = 100  # Elastic 5: steps between commits when checkpoint_every is not set
@@ -39,10 +36,10 @@ def refuse_indivisible(cfg, workers):
                                  "in between divides batch_size") from None
 
 
-def commit_in_epoch(state, checkpoints, is_chief):
+def commit_in_epoch(state, checkpoints):
     """Elastic 5: a commit inside an epoch keeps the position and every row's LSTM state in
     memory (a lost worker sends the others back to it) and on disk."""
-    save = gather_rows_and_save(checkpoints, is_chief)
+    save = steps.gather_rows_and_save(checkpoints)
 
     def commit(epoch, done, loss_sum, lstm_state):
         state.position = Position(epoch, done, loss_sum, save(epoch, done, loss_sum, lstm_state))
@@ -54,9 +51,10 @@ def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     cfg["checkpoint_every"] = cfg["checkpoint_every"] or COMMIT_EVERY  # Elastic 5: as logged
-    set_horovod_env(cfg)  # Horovod 2, 9
+    steps.set_horovod_env(cfg)  # Horovod 2, 9: read once, by hvd.init()
     hvd.init()  # Horovod 1: start the ranks' background communication
-    pin_to_local_rank(args.threads)  # Horovod 2
+    steps.pin_to_local_rank(args.threads)  # Horovod 2: a GPU, or a share of the cores, per rank
+    watchdog = steps.start_watchdog(cfg, args.output_dir)  # Horovod 10: from here on
     is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
     cli.report_stops(is_chief)  # Horovod 8
     workers = hvd.size()  # Horovod 5: batch_size is split among them
@@ -80,21 +78,17 @@ def main(argv=None):
 
     model = build(cfg, len(corpus.vocab))
     optimizer = training.make_optimizer(cfg)
-    if cfg["reduce_type"] == "grad":  # Horovod 3: average gradients, then clip
-        optimizer = hvd.DistributedOptimizer(
-            optimizer, sparse_as_dense=cfg["sparse_as_dense"],
-            compression=hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none)
+    optimizer = steps.distributed_optimizer(optimizer, cfg)  # Horovod 3: average, then clip
     eval_step = training.make_eval_step(model)
     checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
                               model.zero_state(cfg["batch_size"]))
     # Elastic 2: only rank 0 reads the checkpoint; the state's first sync hands it to the others
     position = checkpoints.start(args.resume) if is_chief else Position(0)
-    optimizer.iterations  # Elastic 1: created now, so that the state below holds it
-    # Elastic 1: what a reset restores (the last commit) and hands to new workers (rank 0's)
+    # Elastic 1: what a reset restores (the last commit) and hands to new workers (rank 0's):
+    # the weights and the optimizer's variables (its step and slots), as Horovod 4 broadcasts
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, position=position, sizes=())
-    if cfg["timeline"]:
-        start_timeline(args.output_dir)  # Horovod 9
-    watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), workers, args.output_dir)  # Horovod 10
+    if cfg["timeline"]:  # Horovod 9
+        steps.start_timeline(args.output_dir)  # Horovod 9
     # Elastic 8: who trained since the last start and how far, so a reset can say what changed
     membership = Membership(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
 
@@ -103,12 +97,11 @@ def main(argv=None):
         """The epochs from the last commit to the last, then the test."""
         position, workers, is_chief = state.position, hvd.size(), hvd.rank() == 0  # Elastic 4
         refuse_indivisible(cfg, workers)  # Elastic 4
-        check_ranks_agree(cfg, corpus, args.log_every)  # Elastic 2: Horovod 7 after each change
-        train_x = ptb.shard(global_x, hvd.rank(), workers)  # Elastic 4: this worker's rows
-        train_y = ptb.shard(global_y, hvd.rank(), workers)  # Elastic 4
+        steps.check_ranks_agree(cfg, corpus, args.log_every)  # Elastic 2: Horovod 7 each time
+        train_x, train_y = steps.shard(global_x, global_y)  # Elastic 4: this worker's rows
         train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                               args.seed, hvd.rank())  # Elastic 4: own masks
-        after_step = parameter_averaging(model, cfg)  # Elastic 4
+        after_step = steps.parameter_averaging(model, cfg)  # Elastic 4
         log.enabled, log.world_size = is_chief, workers  # Elastic 4
         if is_chief:
             checkpoints.reread()  # Elastic 4: this rank 0 may be new; the others saved till now
@@ -119,28 +112,28 @@ def main(argv=None):
             log.reset(change)  # Elastic 8: one line and a reset event, from rank 0
         # Elastic 7: after a reset as after --resume, the log goes on from the commit (the
         # events past it dropped) with one line per epoch: if rank 0 was lost in a validation,
-        # the new rank 0 logs that epoch now
-        unlogged = log.resume(position, world_sizes=True)
+        # the new rank 0 logs that epoch now (every rank validates: none waits idle)
+        unlogged = steps.rank0s(log.resume(position, world_sizes=True))  # Horovod 8, 10
         if unlogged:
+            valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
             done = position.epochs_done
             log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                      unlogged, training.evaluate(eval_step, model, *valid, cfg))
+                      unlogged, valid_ppl)
         start_epoch = position.epochs_done
         stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
         for epoch in range(start_epoch, cfg["num_epochs"]):
             lr = training.learning_rate(cfg, epoch, workers)
             optimizer.learning_rate.assign(lr)
             state.sizes += (workers,) if state.sizes[-1:] != (workers,) else ()  # Elastic 6
+            resume_at = steps.own_rows(position) if epoch == start_epoch else None  # Horovod 5
             stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
                                          log_every=args.log_every, workers=workers,
-                                         average=average_over_ranks,  # Horovod 8
+                                         average=steps.average_over_ranks,  # Horovod 8
                                          after_step=membership.counting(
                                              epoch, after_step),  # Horovod 3, Elastic 8
                                          watchdog=watchdog,  # Horovod 10
-                                         resume_at=own_rows(position) if epoch == start_epoch
-                                         else None,  # Horovod 5
-                                         save=commit_in_epoch(state, checkpoints,
-                                                              is_chief))  # Elastic 5
+                                         resume_at=resume_at,  # Horovod 5
+                                         save=commit_in_epoch(state, checkpoints))  # Elastic 5
             step += stats["steps"]
             stats["world_sizes"], state.sizes = state.sizes, ()  # Elastic 6
             stats["rolled_back"] = membership.epoch_done()  # Elastic 8
@@ -148,16 +141,15 @@ def main(argv=None):
             state.save()  # Elastic 5
             if is_chief:
                 checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
-                valid_ppl = training.evaluate(eval_step, model, *valid, cfg,
-                                              watchdog)  # Horovod 10
+                valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
                 log.epoch(epoch, step, lr, stats, valid_ppl)
-            wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
+            steps.wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
             state.check_host_updates()  # Elastic 5: the commit's other half, a collective
         if is_chief:
             test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
             last = cfg["num_epochs"] - 1
             log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
-        wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
+        steps.wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
 
     train(state)  # Elastic 3
     watchdog.stop()  # Horovod 10

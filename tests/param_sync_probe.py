@@ -10,7 +10,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-import lm_ptb_distributed as trainer
+import horovod_steps
 from data import ptb
 from tests.helpers import patterned_sentences
 from utils import config, training
@@ -34,7 +34,7 @@ def main(every, steps, out_dir):
     hvd.broadcast_variables(model.variables, root_rank=0)
     optimizer = training.make_optimizer(cfg)
     step_fn = training.make_train_step(model, optimizer)
-    sync = trainer.parameter_averaging(model, cfg)
+    sync = horovod_steps.parameter_averaging(model, cfg)
     digests = []
 
     def after_step(done, total):

@@ -20,8 +20,8 @@ def _recurrence(z_x, h, c, recurrent_kernel):
     """The Keras LSTM cell's per-step math, gates (i, f, g, o), over z_x [steps, batch, 4 units]
     (the input projection already added). Returns per-step lists of h, c and the gates, and of h
     as the recurrent product's operand (h itself in fp32; in bf16, h cast once per step, which
-    is what the backward pass multiplies by). The gates and the cell state stay in z_x's dtype (fp32)
-    whatever the recurrent kernel's: only the product runs in bf16."""
+    is what the backward pass multiplies by). The gates and the cell state stay in z_x's dtype
+    (fp32) whatever the recurrent kernel's: only the product runs in bf16."""
     hs, cs, gates, operands = [], [], [], []
     h_op = tf.cast(h, recurrent_kernel.dtype)  # a no-op in fp32
     for z in z_x:

@@ -36,8 +36,10 @@ class Watchdog:
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="step-watchdog", daemon=True).start()
 
-    def expect(self, what, extra_s=0.0):
-        allowed = self.timeout_s + (0 if what in self._seen else WARM_UP_S) + extra_s
+    def expect(self, what, extra_s=0.0, warm_up=True):
+        """warm_up=False: no compile time to allow for, even the first time."""
+        first = warm_up and what not in self._seen
+        allowed = self.timeout_s + (WARM_UP_S if first else 0) + extra_s
         self._seen.add(what)
         with self._lock:
             self._deadline = time.monotonic() + allowed

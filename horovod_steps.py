@@ -1,0 +1,175 @@
+"""The Horovod steps of README.md as functions, each opening with its step's number: what
+lm_ptb_distributed.py's `# Horovod N:` lines call, shared with lm_ptb_elastic.py. utils/ and
+data/ stay free of Horovod; this is the one module besides the trainers that imports it.
+
+Required (every data-parallel run needs them): 1 init, 2 pin, 3 DistributedOptimizer,
+4 broadcast, 5 shard, 8 rank 0 alone writes. The rest harden a run: 6 rank 0 downloads,
+7 the ranks must agree, 9 timeline, 10 step watchdog. docs/template.md shows the required
+steps alone, as a diff of lm_ptb.py.
+"""
+import os
+
+from data import ptb
+from utils import config, training
+from utils.watchdog import Watchdog, chief_work_allowance
+# Horovod 3: imported after utils, which selects Keras 2, whose optimizer Horovod averages in
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+
+def set_horovod_env(cfg):
+    """Horovod 2 and 9: settings read once, by hvd.init().
+
+    On CPU hosts the ranks share the cores, so a rank waiting in MPI must yield its core rather
+    than spin on it (spinning cost a third of the 2-rank throughput here); mpirun sets this
+    variable itself (0 unless oversubscribed), so it is overwritten. A timeline started at run
+    time needs HOROVOD_TIMELINE=DYNAMIC."""
+    if not tf.config.list_physical_devices("GPU"):
+        os.environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if cfg["timeline"]:
+        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+
+
+def pin_to_local_rank(threads):
+    """Horovod 2: one GPU per local rank; on CPU hosts, the cores split among local ranks."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    training.set_threads(threads or max(1, training.available_cores() // hvd.local_size()))
+
+
+def start_watchdog(cfg, output_dir):
+    """Horovod 10: a rank whose step (or start-up) cannot finish, because a peer stopped or hung,
+    ends the job instead of hanging it. Started right after hvd.init(), so that a rank frozen
+    in the start-up's collectives (download, agreement check, broadcast) is caught too."""
+    watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), hvd.size(), output_dir)
+    watchdog.expect("the start-up (data, agreement check, checkpoint, broadcast)", warm_up=False)
+    return watchdog
+
+
+def download_on_chief(data_path):
+    """Horovod 6: rank 0 downloads; the others wait, then all share its outcome."""
+    error = None
+    if hvd.rank() == 0:
+        try:
+            ptb.ensure_data(data_path)
+        except ptb.DataError as e:
+            error = str(e)
+    error = hvd.broadcast_object(error, root_rank=0)
+    if error is None and ptb.missing_files(data_path):
+        error = (f"rank {hvd.rank()} finds no PTB files in {data_path} (rank 0 has them): "
+                 "without a shared filesystem, copy them to every host or point --data_path at "
+                 "a shared folder")
+    if error:
+        raise ptb.DataError(error)
+
+
+def check_ranks_agree(cfg, corpus, log_every):
+    """Horovod 7: a --set given on one host only, or another copy of the data on one host, would
+    silently train different models (or hang where the step counts differ)."""
+    mine = {"config": config.config_hash(cfg), "data": ptb.digest(corpus), "log_every": log_every}
+    ranks = hvd.allgather_object(mine)
+    fixes = {"config": "give every rank the same --config and --set",
+             "data": "give every rank the same PTB files (python -m data.ptb --data_path DIR "
+                     "md5-checks them)",
+             "log_every": "give every rank the same --log_every"}
+    for key, fix in fixes.items():
+        if len({r[key] for r in ranks}) > 1:
+            raise config.ConfigError(f"ranks started with different {key} (per rank: "
+                                     f"{', '.join(str(r[key]) for r in ranks)}); {fix}")
+
+
+def shard(*windows):
+    """Horovod 5: this rank's rows [r·B/N, (r+1)·B/N) of the global batch, for each array of
+    windows ([steps, batch_size, num_steps])."""
+    return tuple(ptb.shard(w, hvd.rank(), hvd.size()) for w in windows)
+
+
+def distributed_optimizer(optimizer, cfg):
+    """Horovod 3: the gradients averaged over the ranks inside minimize(), before the optimizer
+    clips them; with reduce_type "param" the optimizer is left alone (parameter_averaging)."""
+    if cfg["reduce_type"] != "grad":
+        return optimizer
+    compression = hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none
+    return hvd.DistributedOptimizer(optimizer, sparse_as_dense=cfg["sparse_as_dense"],
+                                    compression=compression)
+
+
+def resume_together(position, model, optimizer):
+    """Horovod 4: rank 0 alone restored a checkpoint (or none): every rank takes its position,
+    weights and optimizer state (the step counter, and the slots of an optimizer that has them,
+    made before the restore by utils.checkpoints). Returns the position."""
+    position = hvd.broadcast_object(position, root_rank=0)
+    hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
+    return position
+
+
+def start_timeline(output_dir):
+    """Horovod 9: record what each collective waited for; rank 0 writes the file."""
+    if hvd.rank() == 0:
+        os.makedirs(output_dir, exist_ok=True)
+    hvd.start_timeline(os.path.join(output_dir, "timeline.json"))
+
+
+def parameter_averaging(model, cfg):
+    """Horovod 3, reduce_type "param": each rank steps on its own shard, and the weights are
+    averaged every param_sync_steps steps and at each epoch end (less communication, somewhat
+    different convergence). None in the default "grad" mode."""
+    if cfg["reduce_type"] != "param":
+        return None
+    weights = model.trainable_variables
+
+    @tf.function
+    def average_weights():
+        for w, mean in zip(weights, hvd.grouped_allreduce(weights, op=hvd.Average)):
+            w.assign(mean)
+
+    def after_step(done, steps):
+        if done % cfg["param_sync_steps"] == 0 or done == steps:
+            average_weights()
+    return after_step
+
+
+def own_rows(position):
+    """Horovod 5: a checkpoint inside an epoch holds the LSTM state of the whole global batch;
+    this rank continues its rows of it, whatever the number of ranks that saved it."""
+    return position.rows_of(hvd.rank(), hvd.size())
+
+
+def gather_rows_and_save(checkpoints):
+    """Horovod 5: for a checkpoint inside an epoch, every rank's rows of the LSTM state are
+    gathered (in rank order, which is row order) and rank 0 (of the moment: elastic ranks
+    change) saves the global batch's. Returns the gathered rows (the elastic script keeps them
+    in memory too)."""
+    def save(epoch, done, loss_sum, state):
+        rows = [hvd.allgather(t).numpy() for t in tf.nest.flatten(state)]
+        if hvd.rank() == 0:
+            checkpoints.save_in_epoch(epoch, done, loss_sum, rows)
+        return rows
+    return save
+
+
+def average_over_ranks(value):
+    """Horovod 8: train perplexity of the global batch, not of rank 0's shard."""
+    return hvd.allreduce(value, op=hvd.Average)
+
+
+def rank0s(value):
+    """Horovod 8: rank 0's value on every rank (what only rank 0's log knows)."""
+    return hvd.broadcast_object(value, root_rank=0)
+
+
+def wait_for_chief(watchdog, stats, train_x, eval_x):
+    """Horovod 10: the other ranks wait here while rank 0 saves and evaluates alone, allowing
+    for that work beyond step_timeout_s (rank 0's watchdog times each of its own steps); then a
+    rank that never arrives ends the job instead of hanging it."""
+    extra_s = 0.0
+    if hvd.rank() != 0 and stats:
+        step_s = stats["epoch_time_s"] / stats["steps_run"]
+        extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
+    watchdog.expect("the wait for rank 0's checkpoint and evaluation" if hvd.rank() else
+                    "the wait for the other ranks after its checkpoint and evaluation",
+                    extra_s=extra_s)
+    hvd.broadcast_object(None, root_rank=0, name="chief_done")
