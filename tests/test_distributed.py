@@ -14,9 +14,34 @@ from tests.helpers import (REPO, TINY, checkpoint_weights, events, mpirun, need_
                            run_script)
 
 # Equivalence: keep_prob 1 and 60 logged steps; one step = 4 rows x 5 tokens of real PTB.
+# Clipping acts (max_grad_norm below the global norm: checked below), so that it is the global
+# batch's gradient that gets clipped, not each rank's before the average.
 EQUIV_SET = ["--set", "hidden_size=16", "--set", "batch_size=4", "--set", "num_steps=5",
              "--set", "num_epochs=2", "--set", "max_epoch=1", "--set", "steps_per_epoch=30",
-             "--set", "eval_steps=5", "--set", "keep_prob=1.0", "--log_every", "1", "--seed", "7"]
+             "--set", "eval_steps=5", "--set", "keep_prob=1.0", "--set", "max_grad_norm=0.25",
+             "--log_every", "1", "--seed", "7"]
+
+
+def first_step(ptb_path):
+    """The loss and the pre-clip global gradient norm of EQUIV_SET's first step, computed here
+    from the same seed, config and data as the trainer's."""
+    import tensorflow as tf
+    from data import ptb
+    from utils import config, training
+    from utils.model import build, sequence_loss
+    sets = [EQUIV_SET[i + 1] for i, flag in enumerate(EQUIV_SET) if flag == "--set"]
+    cfg = config.load_config(TINY, sets)
+    corpus = ptb.load_corpus(ptb_path)
+    x, y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
+    training.seed_everything(7)
+    model = build(cfg, len(corpus.vocab))
+    with tf.GradientTape() as tape:
+        logits, _ = model(tf.constant(x[0]), model.zero_state(cfg["batch_size"]), training=True,
+                          noise_seed=training.noise_seed(7, 0, 0))
+        loss = sequence_loss(logits, tf.constant(y[0]))
+    grads = tape.gradient(loss, model.trainable_variables)
+    return float(loss) / cfg["num_steps"], float(tf.linalg.global_norm(
+        [tf.convert_to_tensor(g) for g in grads])), cfg["max_grad_norm"]
 
 
 @pytest.mark.smoke
@@ -36,6 +61,10 @@ def test_two_ranks_equal_one_process_and_only_rank0_writes(ptb_path, tmp_path):
     rel = np.abs(np.array(one) - np.array(two)) / np.abs(one)
     assert rel.max() < 1e-4, rel
     assert one[0] != pytest.approx(one[-1], rel=1e-2)  # it trained: the losses moved
+    # clipping acted: the first step's gradient (from the trainer's own first weights, as its
+    # logged loss shows) is longer than max_grad_norm
+    loss, norm, max_norm = first_step(ptb_path)
+    assert loss == pytest.approx(one[0], rel=1e-5) and norm > 2 * max_norm, (loss, norm)
 
     assert {e["world_size"] for e in events(dist, "epoch")} == {2}
     a, b = checkpoint_weights(single), checkpoint_weights(dist)

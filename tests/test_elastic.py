@@ -153,6 +153,38 @@ def test_the_last_worker_lost_ends_the_job_and_resume_continues(ptb_path, two_ho
     assert steps == sorted(set(steps)) and steps[-1] == 80, steps  # continued, not restarted
 
 
+def test_a_new_rank_0_keeps_the_checkpoints_saved_before_it(ptb_path, two_hosts, tmp_path):
+    """Rank 0's worker lost after epoch 1: the other worker, rank 0 from then on, goes on saving
+    checkpoints, and the list on disk still names the one the old rank 0 saved (so it can stand
+    in for a damaged newer one); read at the start, before it existed, it would be dropped."""
+    out = str(tmp_path / "run")
+    job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out])
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(out, "checkpoints", "ckpt-1.index")) and
+                 progress_at(out, 2, 10)(), "progress in epoch 2", job)
+        first_chief = next(h for h in ("localhost", "127.0.0.1") if chief_is(h))
+        survivor = "127.0.0.1" if first_chief == "localhost" else "localhost"
+        list_hosts(two_hosts, f"{survivor}:1")
+        os.kill(worker_pid(first_chief), signal.SIGKILL)
+        rc, output = finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert rc == 0, output[-3000:]
+    assert [e["epoch"] for e in events(out, "epoch")] == [1, 2, 3]
+    import tensorflow as tf
+    listed = tf.train.get_checkpoint_state(os.path.join(out, "checkpoints"))
+    assert [os.path.basename(p) for p in listed.all_model_checkpoint_paths] == \
+        ["ckpt-1", "ckpt-2", "ckpt-3"]
+
+
+def chief_is(host):
+    """Whether the worker the driver started for `host` is rank 0."""
+    pid = worker_pid(host)
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return b"HOROVOD_RANK=0\0" in f.read() + b"\0"
+
+
 def test_a_worker_count_that_does_not_divide_the_batch_is_refused_in_one_line():
     import lm_ptb_elastic
     from utils.config import ConfigError

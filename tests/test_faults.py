@@ -2,6 +2,7 @@
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -363,3 +364,53 @@ def test_rank_0_evaluating_longer_than_the_step_timeout_does_not_trip_the_others
     trained, validated, tested = (events[-3]["time"], events[-2]["time"], events[-1]["time"])
     assert [e["event"] for e in events[-3:]] == ["progress", "epoch", "test"]
     assert validated - trained > 2 and tested - validated > 2, (trained, validated, tested)
+
+
+def test_a_rank_frozen_in_the_start_up_ends_the_job(corpus, tmp_path):
+    """The watchdog runs from hvd.init() on: a rank frozen before the broadcast of the starting
+    weights leaves the other in that broadcast, which it ends after step_timeout_s."""
+    out = str(tmp_path / "run")
+    job = start_job(["--config", TINY, "--data_path", corpus, "--output_dir", out,
+                     "--set", "model='tests.stop_model:build'", "--set", "step_timeout_s=10"])
+    started = time.monotonic()
+    try:
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    lines = [line for line in stderr.splitlines() if "did not finish" in line]
+    assert job.returncode != 0 and time.monotonic() - started < 90, stderr
+    assert lines == [
+        "error: rank 0 of 2: the start-up (data, agreement check, checkpoint, broadcast) did not "
+        "finish in 10 s, so a peer rank is probably stopped or hung (or this host is that slow); "
+        f"no checkpoint was saved yet in {out}/checkpoints: rerun the same command (--resume or "
+        "not) to start afresh (and --set step_timeout_s=N if the steps are really that slow)"], \
+        stderr
+    assert "Traceback" not in stderr
+
+
+def test_resuming_with_fewer_steps_per_epoch_than_the_checkpoints_step_is_one_line(
+        long_corpus, tmp_path):
+    """A checkpoint 40 or more steps into an epoch, resumed by 2 ranks whose epochs are now 30
+    steps long: every rank says so in one line instead of failing on a name or a division by
+    zero."""
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data_path", long_corpus, "--output_dir", out,
+            "--set", "steps_per_epoch=300", "--set", "checkpoint_every=20", "--log_every", "20"]
+    job = subprocess.Popen([sys.executable, "lm_ptb.py", *args], cwd=REPO, text=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    saved = os.path.join(out, "checkpoints", "steps", "ckpt-40.index")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(saved):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    job.communicate(timeout=60)
+    r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=30"]))
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all(re.fullmatch(
+        r"error: --resume: the checkpoint is (\d+) steps into epoch 1, which now has 30 "
+        r"\(steps_per_epoch=30\); resume with the steps_per_epoch it was saved with, or more",
+        line) for line in errors), errors

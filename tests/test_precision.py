@@ -222,5 +222,7 @@ def test_the_elastic_trainer_trains_in_bf16_and_says_so(corpus, tmp_path):
     assert job.returncode == 0, stdout[-3000:]
     # horovodrun prefixes each worker's lines with its rank
     _says_bf16("\n".join(line.split("]<stdout>:", 1)[-1] for line in stdout.splitlines()), out)
-    assert {e["world_size"] for e in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
-            } == {2}
+    logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert {e["world_size"] for e in logged} == {2}
+    # the config as the elastic trainer used it: commits every 100 steps where none was set
+    assert {e["config"]["checkpoint_every"] for e in logged} == {100}
