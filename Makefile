@@ -56,13 +56,15 @@ venv-tf2.15:
 bench-quick: setup data peer
 	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))
 
-# PyTorch CPU for the benchmark's peer rows, in a venv of its own; if it cannot be installed,
-# the benchmark says so in one line and prints the rest.
-peer:
-	@test -x .venv-peer/bin/python || python3.11 -m venv .venv-peer
-	@.venv-peer/bin/python -c "import torch" 2>/dev/null || \
+# PyTorch for the benchmark's peer rows, in a venv of its own made by the Python that setup
+# chose for .venv (any of 3.10-3.13); if it cannot be installed, the benchmark says so in one
+# line and prints the rest. PEER_INSTALL=no makes the venv only (the fresh Debian 13 check).
+peer: setup
+	@test -x .venv-peer/bin/python || \
+	    "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv .venv-peer
+	@$(if $(filter no,$(PEER_INSTALL)),true,.venv-peer/bin/python -c "import torch" 2>/dev/null || \
 	    .venv-peer/bin/python -m pip install -q -r requirements-peer.txt || \
-	    echo "peer: PyTorch not installed into .venv-peer; the benchmark leaves out its rows"
+	    echo "peer: PyTorch not installed into .venv-peer; the benchmark leaves out its rows")
 
 # Horovod's settings for 2 ranks on this host, one config: make bench-tune CONFIG=config_large
 bench-tune: setup data

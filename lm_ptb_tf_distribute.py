@@ -1,8 +1,9 @@
 """Train the PTB word-level LSTM language model data-parallel with tf.distribute.
 
 This is lm_ptb.py plus TensorFlow's MultiWorkerMirroredStrategy, beside lm_ptb_distributed.py
-(Horovod): `diff lm_ptb.py lm_ptb_tf_distribute.py` shows only the distribution, each line
-tagged `# tf.distribute N:` after the numbered steps in docs/tf-distribute.md. `batch_size` is
+(Horovod): `diff lm_ptb.py lm_ptb_tf_distribute.py` shows the distribution: the lines of main()
+tagged `# tf.distribute N:` after the numbered steps in docs/tf-distribute.md, and the
+functions they call, each opening with its step. `batch_size` is
 the global batch: N workers train on batch_size / N rows each. Nothing beyond TensorFlow is
 needed: the workers find each other through TF_CONFIG and talk gRPC.
 
@@ -255,12 +256,13 @@ def main(argv=None):
         for epoch in range(start_epoch, cfg["num_epochs"]):
             lr = training.learning_rate(cfg, epoch, workers)
             optimizer.learning_rate.assign(lr)
+            # tf.distribute 5: this worker's rows of an in-epoch checkpoint's state
+            resume_at = position.rows_of(index, workers) if epoch == start_epoch else None
             stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
                                          log_every=args.log_every, workers=workers,
                                          average=average_over_workers(collectives),  # tf.distribute 8
                                          watchdog=watchdog,  # tf.distribute 9
-                                         resume_at=position.rows_of(index, workers)
-                                         if epoch == start_epoch else None,  # tf.distribute 5
+                                         resume_at=resume_at,  # tf.distribute 5
                                          save=gather_rows_and_save(collectives, checkpoints,
                                                                    is_chief))  # tf.distribute 5
             step += stats["steps"]
@@ -279,9 +281,10 @@ def main(argv=None):
 
     unlogged = log.resume(position) if args.resume else None
     if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
+        valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
         done = position.epochs_done
         log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                  unlogged, training.evaluate(eval_step, model, *valid, cfg))
+                  unlogged, valid_ppl)
     try:
         train(position)
     except COLLECTIVE_ERRORS as e:  # tf.distribute 9: a peer is gone

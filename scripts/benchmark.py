@@ -114,7 +114,7 @@ def profile_small(reps=15):
     """Where a small-config train step's time goes: the real step, and its parts alone."""
     tf = import_tensorflow()
     from utils import training
-    from utils.model import bptt_lstm, build_model, sequence_loss, unrolled_lstm
+    from utils.model import bptt_lstm, build_model, sequence_loss
     cfg = config.load_config("config_small")
     b, t, h = cfg["batch_size"], cfg["num_steps"], cfg["hidden_size"]
     model = build_model(cfg, VOCAB)

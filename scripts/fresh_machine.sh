@@ -5,6 +5,7 @@
 # as that user, the README's two commands:
 #   make train ARGS=...         2 workers, bounded to a few steps (FRESH_TRAIN_ARGS)
 #   make test TESTS="-m smoke"  setup is done by then; the tests marked smoke (FRESH_TESTS)
+#   make peer PEER_INSTALL=no   make bench's set-up step: the peer's venv on setup's Python
 # pip inside reaches the package index as this host's pip does: its settings (`pip config
 # list`, the PIP_* variables) are copied in, and the local files and folders they name are
 # copied or bound read-only at the same paths.
@@ -39,4 +40,9 @@ stage "make train (setup, then 2 workers: $TRAIN_ARGS)"
 as_user "make train ARGS='$TRAIN_ARGS'"
 stage "make test TESTS='$TESTS'"
 as_user "make test TESTS='$TESTS'"
+# make bench's own set-up step, the peer's venv, with the Python setup chose (3.13 here); its
+# PyTorch is left out: on 3.13 PyPI's torch is the CUDA build, gigabytes (docs/testing.md)
+stage "make peer PEER_INSTALL=no (the benchmark's set-up, on the Python setup chose)"
+as_user "make peer PEER_INSTALL=no && .venv-peer/bin/python -c 'import sys; \
+assert sys.version_info[:2] == (3, 13), sys.version; print(\"peer venv:\", sys.version.split()[0])'"
 stage "done: the quick start works on a fresh $SUITE"

@@ -5,8 +5,8 @@
 #   2. .venv, made with PYTHON if set, else the newest of python3.13 .. python3.10 on PATH,
 #      with the pinned requirements.txt and requirements-no-deps.txt
 #   3. Horovod 0.28.1 from PyPI's source, patched by scripts/patches/horovod-0.28.1/ (one file
-#      per cause: new compilers and TensorFlow; GPU=1 adds horovod-0.28.1-gpu/), built against
-#      that TensorFlow with MPI and Gloo
+#      per cause: new compilers, TensorFlow and Keras; GPU=1 adds horovod-0.28.1-gpu/), built
+#      against that TensorFlow with MPI and Gloo; built again when the patches change
 # GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL
 # (the system's, else the nvidia-nccl-cu12 wheel's); it first checks for a CUDA 12 nvcc and
 # stops, changing nothing, without one (docs/gpu.md; make gpu-build-check proves it here).
@@ -189,7 +189,12 @@ patched_horovod_source() {
 
 # utils first: the import check sees the Keras the trainers use (utils/__init__.py).
 check_horovod="import utils, horovod.tensorflow as h; assert $built"
-if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
+# The patch set Horovod was built with, recorded beside it: a checkout with other patches (a
+# new one, say) rebuilds it, where the import check alone would keep the old build.
+patch_set=$(cat "$PATCHES"/*.patch $([ "$GPU" = 1 ] && echo "$PATCHES-gpu"/*.patch) | sha256sum)
+built_with="$VENV/horovod-patches.sha256"
+if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null \
+        || [ "$(cat "$built_with" 2>/dev/null)" != "$patch_set" ]; then
     [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
     tree=$(patched_horovod_source)
     patches=$(ls "$PATCHES" $([ "$GPU" = 1 ] && echo "$PATCHES-gpu") | grep -c '\.patch$')
@@ -202,6 +207,7 @@ if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
         "$VENV/bin/python" -m pip install -q --no-build-isolation --no-cache-dir --no-deps \
         --force-reinstall "$tree"
     rm -rf "$VENV/horovod-src"
+    echo "$patch_set" >"$built_with"
 fi
 "$VENV/bin/python" -c "import sys, utils, horovod.tensorflow as h, tensorflow as tf; \
 print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \

@@ -44,6 +44,19 @@ def horovodrun(hosts_file, args, cooldown=None):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def finish(job, timeout=300):
+    """Wait for a job started in a session of its own; kill the whole session if it does not end
+    in time (a stopped rank included). Returns (returncode, stdout, stderr)."""
+    import signal
+    try:
+        out, err = job.communicate(timeout=timeout)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    return job.returncode, out, err
+
+
 def list_hosts(path, *hosts):
     """What the discovery script prints from now on (replaced whole: it may read at any time)."""
     (path.parent / "hosts.tmp").write_text("".join(f"{h}\n" for h in hosts))

@@ -3,8 +3,6 @@ machine: the driver treats localhost and 127.0.0.1 as two hosts, as Horovod's ow
 do. Workers are lost to SIGKILL, and the discovery script lists the hosts from a file."""
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -53,13 +51,7 @@ def progress_at(run_dir, epoch, step):
 
 
 def finish(job, timeout=300):
-    try:
-        out, _ = job.communicate(timeout=timeout)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    return job.returncode, out
+    return helpers.finish(job, timeout)[:2]
 
 
 @pytest.fixture

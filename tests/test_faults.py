@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import IS_ROOT, REPO, TINY, mpirun, run_script
+from tests.helpers import IS_ROOT, REPO, TINY, finish, mpirun, run_script
 
 
 def snapshot(folder):
@@ -373,14 +373,9 @@ def test_a_rank_frozen_in_the_start_up_ends_the_job(corpus, tmp_path):
     job = start_job(["--config", TINY, "--data_path", corpus, "--output_dir", out,
                      "--set", "model='tests.stop_model:build'", "--set", "step_timeout_s=10"])
     started = time.monotonic()
-    try:
-        _, stderr = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+    returncode, _, stderr = finish(job, timeout=120)
     lines = [line for line in stderr.splitlines() if "did not finish" in line]
-    assert job.returncode != 0 and time.monotonic() - started < 90, stderr
+    assert returncode != 0 and time.monotonic() - started < 90, stderr
     assert lines == [
         "error: rank 0 of 2: the start-up (data, agreement check, checkpoint, broadcast) did not "
         "finish in 10 s, so a peer rank is probably stopped or hung (or this host is that slow); "

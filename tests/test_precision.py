@@ -4,7 +4,6 @@ between the two precisions."""
 import json
 import math
 import os
-import signal
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import tensorflow as tf
 
 from utils import config, training
 from utils.model import COMPUTE_DTYPES, PTBModel, build_model, sequence_loss
-from tests.helpers import REPO, horovodrun, list_hosts, run_script
+from tests.helpers import REPO, finish, horovodrun, list_hosts, run_script
 
 # 1 + 2^-9 is no bfloat16 (8 significant bits: next to 1 are 1 - 2^-8 and 1 + 2^-7); rounded to
 # the nearest even, it becomes 1. An fp32 product keeps it; a bf16 operand loses it.
@@ -212,14 +211,9 @@ def test_the_elastic_trainer_trains_in_bf16_and_says_so(corpus, tmp_path):
     hosts = tmp_path / "hosts.txt"
     list_hosts(hosts, "localhost:1", "127.0.0.1:1")
     out = str(tmp_path / "run")
-    job = horovodrun(hosts, [*SHORT, "--data_path", corpus, "--output_dir", out])
-    try:
-        stdout, _ = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    assert job.returncode == 0, stdout[-3000:]
+    returncode, stdout, _ = finish(horovodrun(hosts, [*SHORT, "--data_path", corpus,
+                                                      "--output_dir", out]))
+    assert returncode == 0, stdout[-3000:]
     # horovodrun prefixes each worker's lines with its rank
     _says_bf16("\n".join(line.split("]<stdout>:", 1)[-1] for line in stdout.splitlines()), out)
     logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
