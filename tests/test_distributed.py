@@ -78,8 +78,8 @@ def test_two_ranks_equal_one_process_and_only_rank0_writes(ptb_path, tmp_path):
 
 def test_two_ranks_equal_one_process_in_bf16(ptb_path, tmp_path):
     """precision bf16: the same update on 1 and 2 ranks within bf16's rounding (the 2 ranks'
-    weight gradients are products over half the rows each, rounded apart: 6.5e-4 measured
-    over these 60 steps), and another run than fp32's."""
+    weight gradients are products over half the rows each, rounded apart: 6.5e-4 measured over
+    these 60 steps without clipping), and another run than fp32's."""
     common = ["--config", TINY, "--data_path", ptb_path, *EQUIV_SET]
     bf16 = ["--set", "precision='bf16'"]
     runs = {name: tmp_path / name for name in ("single", "dist", "fp32")}
@@ -93,7 +93,9 @@ def test_two_ranks_equal_one_process_in_bf16(ptb_path, tmp_path):
                       for path in runs.values())
     assert len(one) == len(two) == 60
     assert (np.abs(one - two) / one).max() < 3e-3
-    assert (np.abs(one - fp32) / fp32).max() > 1e-4  # bf16 ran on both sides
+    # bf16 ran: the same run in fp32 differs (repeated, a run is bit for bit the same; at
+    # max_grad_norm 0.25 the tiny model's logits stay small, so the difference does too)
+    assert (np.abs(one - fp32) / fp32).max() > 3e-6
 
 
 def test_four_ranks_train_and_three_ranks_fail_cleanly(ptb_path, tmp_path):
