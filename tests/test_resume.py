@@ -150,11 +150,11 @@ def stopped_in_first_epoch(run_dir):
                                                    for e in events(run_dir, "progress"))
 
 
-def assert_started_afresh_once(run_dir, stdout):
+def assert_started_afresh_once(run_dir, stdout, epochs=2):
     checkpoints = os.path.join(run_dir, "checkpoints")
     assert f"[ptb] --resume: no checkpoint in {checkpoints} yet, so this run starts afresh" \
         in stdout.splitlines(), stdout
-    one_line_per_epoch(run_dir, 2)
+    one_line_per_epoch(run_dir, epochs)
     steps = [e["step"] for e in events(run_dir, "progress") if e["epoch"] == 1]
     assert steps[0] == 5 and steps == sorted(set(steps)), steps  # the stopped attempt's dropped
 
@@ -176,9 +176,13 @@ def test_a_stop_before_the_first_checkpoint_is_rerun_by_the_same_command(long_co
     assert "[ptb] --resume: continuing from" not in r.stdout
 
 
-def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(long_corpus, tmp_path):
+def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(ptb_path, tmp_path):
+    """One epoch of 2,000 steps of real PTB (about 10 s here): mpirun's SIGTERM must land in it,
+    where the test corpus's 830 steps were once over before it did."""
     out = str(tmp_path / "run")
-    args = [*FIRST_EPOCH, "--data_path", long_corpus, "--output_dir", out]
+    args = ["--config", TINY, "--log_every", "5", "--set", "num_epochs=1",
+            "--set", "steps_per_epoch=2000", "--set", "eval_steps=5", "--data_path", ptb_path,
+            "--output_dir", out]
     cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
            "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
     job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
@@ -195,7 +199,7 @@ def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(long_c
     assert "finished epoch's checkpoint" not in stderr
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert_started_afresh_once(out, r.stdout)
+    assert_started_afresh_once(out, r.stdout, epochs=1)
 
 
 def test_make_single_stopped_in_its_first_epoch_continues_with_make_single(ptb_path, tmp_path):
