@@ -41,7 +41,7 @@ def parse_args(argv):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
     p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "reproduce"))
-    p.add_argument("--results_dir", default=os.path.join(REPO, "results"))
+    p.add_argument("--results_dir", default=os.path.join(REPO, "results", "runs"))
     return p.parse_intermixed_args(argv)
 
 
