@@ -328,13 +328,13 @@ def precision(run):
 def card_run(runs, name):
     """The run a config's README row shows: the card's command (2 workers) over the whole
     schedule, done or running; else one process's; else the longest partial run. Within each of
-    these, an fp32 run (the paper's precision) before a bf16 one."""
+    these the run with most epochs, and of two as far, the fp32 one (the paper's precision)."""
     trained = [r for r in runs if r["config"]["name"] == name and r["kind"] != "bounded"]
     for kinds, workers in ((("full", "running"), 2), (("full", "running"), 1),
                            (("partial",), 2), (("partial",), 1)):
         found = [r for r in trained if r["kind"] in kinds and r["workers"] == workers]
         if found:
-            return max(found, key=lambda r: (precision(r) == "fp32", epoch_count(r)))
+            return max(found, key=lambda r: (epoch_count(r), precision(r) == "fp32"))
     return None
 
 
