@@ -28,7 +28,7 @@ from utils.watchdog import Watchdog, chief_work_allowance, guard_blocking_call
 import tensorflow as tf
 
 # What a collective raises when a peer is gone (a killed or a frozen peer: UnavailableError in
-# 10 of 10 tries, results/tf-distribute-peer-errors/). Not InternalError: that one keeps its
+# 10 of 10 tries, results/studies/tf-distribute-peer-errors/). Not InternalError: that one keeps its
 # traceback, since it is more likely a fault here than a lost peer.
 COLLECTIVE_ERRORS = (tf.errors.UnavailableError, tf.errors.CancelledError,
                      tf.errors.DeadlineExceededError, tf.errors.AbortedError)

@@ -157,10 +157,12 @@ def matmul_floor(cfg, reps=15, rounds=5, dtype="fp32"):
     rows, d_z, kernel = rand(b * t, h), rand(b * t, 4 * h), weight(h, 4 * h)
     softmax, d_logits = weight(h, VOCAB), rand(b * t, VOCAB)
 
-    def recurrent_chain():
+    def recurrent_chain():  # the backward product as utils/model.py takes it in each precision
         out = h0
         for _ in range(t):
-            out = tf.matmul(tf.matmul(out, recurrent), recurrent_t)
+            out = tf.matmul(out, recurrent)
+            out = tf.matmul(out, recurrent_t) if dtype == "fp32" else \
+                tf.matmul(out, recurrent, transpose_b=True)
         return out
 
     def layer_products():  # as utils/model.py's bptt_lstm: its input projection and gradients

@@ -11,7 +11,7 @@ round the two run one right after the other, on the same link; ratios are median
 within-round ratios. Per run: the mean step time after the first logged window, the time from
 launch to the end of that window (start-up, tracing and the first steps), the bytes host a
 sends per training step (read on the link's counters) and worker 0's peak RSS. Also the lines
-each script adds to lm_ptb.py. Writes results/compare.json and .png, and prints the table.
+each script adds to lm_ptb.py. Writes results/studies/compare.json and .png, and prints the table.
 """
 import argparse
 import json
@@ -109,7 +109,7 @@ def compare_link(link, config_name, steps, data_path, rounds, hosts=None):
 
 
 def plot(rows, path):
-    """Words/sec of both trainers per link, one panel per config: results/compare.png."""
+    """Words/sec of both trainers per link, one panel per config: results/studies/compare.png."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -135,7 +135,7 @@ def main(argv=None):
     p.add_argument("--config", default="", help="only this config (a name or a path)")
     p.add_argument("--steps", type=int, default=0, help="steps a run (default: per config)")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
-    p.add_argument("--out", default=os.path.join(REPO, "results", "compare.json"))
+    p.add_argument("--out", default=os.path.join(REPO, "results", "studies", "compare.json"))
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("error: the comparison needs root (ip netns, tc); run it as root")

@@ -12,7 +12,7 @@
 #   sudo PTB_DATA_PATH=/path/to/ptb scripts/gpu_build_check.sh [--keep] [ROOT]
 #
 # Root is needed (debootstrap, chroot, mounts); gigabytes of downloads (CUDA toolkit, CUDA
-# wheels), so not part of CI. Everything is also written to LOG (results/gpu-build-check.log).
+# wheels), so not part of CI. Everything is also written to LOG (results/stack/gpu-build-check.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)

@@ -10,8 +10,8 @@ the same relay as its control. `--part latency` reruns only those rows and keeps
 For every run it reports the mean step time after the first progress window, the scaling
 efficiency against one process on one core with the whole global batch, and the bytes rank 0
 sends per step: computed from the model, and measured on the link's counters while training.
-Writes results/netstudy.json (each row with the command that measured it) and
-results/netstudy.png.
+Writes results/studies/netstudy.json (each row with the command that measured it) and
+results/studies/netstudy.png.
 """
 import argparse
 import json
@@ -160,7 +160,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="small config, 1 and 0.1 Gbit/s, +0 and +10 ms only")
     p.add_argument("--part", choices=["all", "bandwidth", "latency"], default="all",
-                   help="run only these rows; the others are kept from results/netstudy.json")
+                   help="run only these rows; the others are kept from results/studies/netstudy.json")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
     args = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -173,7 +173,7 @@ def main(argv=None):
         configs = {"config_small": 24}
         rates = {k: v for k, v in RATES_MBIT.items() if v <= 1000}
         delays = {k: v for k, v in DELAYS_MS.items() if v in (0, 10)}
-    path = os.path.join(REPO, "results", "netstudy.json")
+    path = os.path.join(REPO, "results", "studies", "netstudy.json")
     command = "make netstudy" if args.part == "all" else \
         f"python scripts/netstudy.py --part {args.part}"
     command += " --quick" if args.quick else ""
@@ -198,7 +198,7 @@ def main(argv=None):
                 with twohosts.two_hosts_delayed(delay) as hosts:
                     results += study_link(hosts, name, steps, args.data_path, single, link,
                                           args.quick, command=command, delay_ms=delay)
-    os.makedirs(os.path.join(REPO, "results"), exist_ok=True)
+    os.makedirs(os.path.join(REPO, "results", "studies"), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"rows": results, "projection": project(results)}, f, indent=1)
     plot(results)
@@ -259,7 +259,7 @@ def plot(results):
                    title=f"{name.replace('config_', '')}: 2 hosts, one rank each")
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(REPO, "results", "netstudy.png"), dpi=100)
+    fig.savefig(os.path.join(REPO, "results", "studies", "netstudy.png"), dpi=100)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@
 command, not the machine), with --resume when the run folder holds a run, appending its
 output to <run>/train.log, and records the start (time, commit, CPU, command) as a segment.
 `status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
-results table reads into results/<size>-<NP>workers/ (kind "running" until the last epoch,
-then "full"), ready to commit. Checkpoints stay in runs/ (about 80 MB for medium; not in git).
+results table reads into results/runs/<size>-<NP>workers/ (kind "running" while it runs,
+"partial" when stopped before its last epoch, "full" when done), ready to commit. Checkpoints stay in runs/ (about 80 MB for medium; not in git).
 `shared "what"` records in the current segment what else ran on the machine beside the run
 (its times per epoch are not those of an idle machine then), for the provenance.
 """
@@ -41,7 +41,7 @@ def parse_args(argv):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
     p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "reproduce"))
-    p.add_argument("--results_dir", default=os.path.join(REPO, "results"))
+    p.add_argument("--results_dir", default=os.path.join(REPO, "results", "runs"))
     return p.parse_intermixed_args(argv)
 
 
@@ -173,8 +173,10 @@ def status(args):
               f"CONFIG={args.config}` starts it")
         return 1
     done = any(e["event"] == "test" for e in log)
-    print(status_line(make_command(args), log, alive=bool(running(run_dir))))
-    keep(run_dir, results_dir, make_command(args), done)
+    alive = bool(running(run_dir))
+    print(status_line(make_command(args), log, alive))
+    keep(run_dir, results_dir, make_command(args), "full" if done else
+         "running" if alive else "partial")
     return 0
 
 
@@ -219,7 +221,7 @@ def shared(args):
     return 0
 
 
-def keep(run_dir, results_dir, command, done):
+def keep(run_dir, results_dir, command, kind):
     """Copy what the results table reads, so the logs can be committed as the run goes."""
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -229,7 +231,7 @@ def keep(run_dir, results_dir, command, done):
     with open(os.path.join(run_dir, "segments.jsonl")) as f:
         segments = [json.loads(line) for line in f]
     first = segments[0]
-    run = {"kind": "full" if done else "running", "command": first["command"],
+    run = {"kind": kind, "command": first["command"],
            "env": {"date_utc": first["started_utc"],
                    **{k: v for k, v in first.items()
                       if k not in ("started_utc", "epochs_done_at_start", "command")}},

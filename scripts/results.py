@@ -2,12 +2,12 @@
 
     python scripts/results.py record NAME full|partial|bounded -- <trainer command ...>
         runs the command with --output_dir runs/results/NAME, then keeps its metrics.jsonl, the
-        command and an environment record in results/NAME/ (never the checkpoints). full: all
+        command and an environment record in results/runs/NAME/ (never the checkpoints). full: all
         the config's epochs; partial: fewer whole epochs (--set num_epochs=N); bounded: a number
         of steps, timed only. `make reproduce` keeps its run as "running" until it is "full"
     python scripts/results.py build      # = make results
         rewrites the table between the results markers in README.md, results/README.md (the
-        full table and every run's provenance), results/*.png and docs/network.md's table
+        full table and every run's provenance), results/runs/*.png and docs/network.md's table
 """
 import json
 import os
@@ -21,6 +21,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from utils import config  # noqa: E402
 RESULTS = os.path.join(REPO, "results")
+RUNS = os.path.join(RESULTS, "runs")  # the training runs: a folder each, with run.json
+# results/README.md opens with where each kind of result lives
+LAYOUT = [("runs/", "the training runs: the table's rows, the one-process and bounded runs "
+                    "beside them, the bf16 runs; each folder its metrics.jsonl and run.json "
+                    "(command, date, commit, machine), and the plots of them"),
+          ("bench/", "`make bench`, `make bench-tune` and their probes: words/sec, matmul "
+                     "ceilings and floors, what bounds 2 ranks on one host"),
+          ("studies/", "comparisons and studies: Horovod against tf.distribute (`make "
+                       "compare`), the network study (`make netstudy`), elastic resets, the "
+                       "validation layout, the precision check"),
+          ("stack/", "the stack: TensorFlow 2.21 against 2.15, the GPU build checked up to the "
+                     "device, the GPU kernels TensorFlow registers for bf16")]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 NET_BEGIN, NET_END = "<!-- netstudy:begin -->", "<!-- netstudy:end -->"
 CONFIGS = ("config_small", "config_medium", "config_large")
@@ -40,7 +52,7 @@ def record(name, kind, command):
 
 
 def keep(name, kind, command, run_dir, env):
-    folder = os.path.join(RESULTS, name)
+    folder = os.path.join(RUNS, name)
     os.makedirs(folder, exist_ok=True)
     shutil.copy(os.path.join(run_dir, "metrics.jsonl"), folder)
     with open(os.path.join(folder, "run.json"), "w") as f:
@@ -48,7 +60,7 @@ def keep(name, kind, command, run_dir, env):
 
 
 def load(name):
-    folder = os.path.join(RESULTS, name)
+    folder = os.path.join(RUNS, name)
     with open(os.path.join(folder, "run.json")) as f:
         run = json.load(f)
     with open(os.path.join(folder, "metrics.jsonl")) as f:
@@ -124,8 +136,9 @@ def row_runs(runs):
     for r in runs:
         key = (r["config"]["name"], r["kind"], r["workers"])
         if key in by:
-            sys.exit(f"error: results/{by[key]['name']} and results/{r['name']} are both a "
-                     f"{r['kind']} run of {key[0]} with {key[2]} worker(s); remove the older one")
+            sys.exit(f"error: results/runs/{by[key]['name']} and results/runs/{r['name']} are "
+                     f"both a {r['kind']} run of {key[0]} with {key[2]} worker(s); remove the "
+                     "older one")
         by[key] = r
     for name in CONFIGS:
         for kind in ("full", "running", "partial", "bounded"):
@@ -210,7 +223,7 @@ def provenance(runs):
     for r in sorted(runs, key=lambda r: r["name"]):
         env = r["env"]
         note = sittings(r) if r.get("segments") else r.get("note")
-        lines.append(f"- `results/{r['name']}` ({r['kind']}, {r['workers']} worker"
+        lines.append(f"- `results/runs/{r['name']}` ({r['kind']}, {r['workers']} worker"
                      f"{'s' if r['workers'] > 1 else ''}; {env['date_utc']} UTC, {env['cpu']}, "
                      f"{env['cores']} cores, TF {env['tensorflow']}, Horovod {env['horovod']}, "
                      f"commit {env['commit']}): `{r['command']}`"
@@ -238,7 +251,7 @@ def plots(runs):
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "perplexity.png"), dpi=100)
+    fig.savefig(os.path.join(RUNS, "perplexity.png"), dpi=100)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in CONFIGS:
         points = sorted((r["workers"], statistics.median(
@@ -250,11 +263,11 @@ def plots(runs):
            title="Throughput against the number of workers (bounded runs)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "wps.png"), dpi=100)
+    fig.savefig(os.path.join(RUNS, "wps.png"), dpi=100)
 
 
 def netstudy_block():
-    path = os.path.join(RESULTS, "netstudy.json")
+    path = os.path.join(RESULTS, "studies", "netstudy.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -293,8 +306,8 @@ def replace_block(text, begin, end, lines):
 
 
 def load_all():
-    return [load(n) for n in sorted(os.listdir(RESULTS))
-            if os.path.isfile(os.path.join(RESULTS, n, "run.json"))]
+    return [load(n) for n in sorted(os.listdir(RUNS))
+            if os.path.isfile(os.path.join(RUNS, n, "run.json"))]
 
 
 def machine(runs):
@@ -315,13 +328,13 @@ def precision(run):
 def card_run(runs, name):
     """The run a config's README row shows: the card's command (2 workers) over the whole
     schedule, done or running; else one process's; else the longest partial run. Within each of
-    these, an fp32 run (the paper's precision) before a bf16 one."""
+    these the run with most epochs, and of two as far, the fp32 one (the paper's precision)."""
     trained = [r for r in runs if r["config"]["name"] == name and r["kind"] != "bounded"]
     for kinds, workers in ((("full", "running"), 2), (("full", "running"), 1),
                            (("partial",), 2), (("partial",), 1)):
         found = [r for r in trained if r["kind"] in kinds and r["workers"] == workers]
         if found:
-            return max(found, key=lambda r: (precision(r) == "fp32", epoch_count(r)))
+            return max(found, key=lambda r: (epoch_count(r), precision(r) == "fp32"))
     return None
 
 
@@ -395,12 +408,14 @@ def results_readme(runs):
     """results/README.md: the full table and every run's provenance."""
     return "\n".join([
         "# Results: every run behind the table, with its command, date and machine", "",
+        "Where each kind lives:", "",
+        *(f"- [`{folder}`]({folder}): {what}" for folder, what in LAYOUT), "",
         "Generated by `make results` from the logs in this folder; do not edit by hand. Each "
         "perplexity cell gives the 2-worker run, then the one-process run, for the last epoch "
         "(train, valid) and the test set after training; \"bounded\" rows time only the first "
         "steps of an epoch and scale them to a full epoch.", "",
-        *table(fp32_only(runs)), "", "![perplexity per epoch](perplexity.png) "
-        "![words/sec against workers](wps.png)", "",
+        *table(fp32_only(runs)), "", "![perplexity per epoch](runs/perplexity.png) "
+        "![words/sec against workers](runs/wps.png)", "",
         "Epoch by epoch, the longest 2-worker run of each config against its longest one-process "
         "run (difference: 2 workers relative to one process):", "",
         *epoch_by_epoch(fp32_only(runs)), "",
@@ -413,7 +428,7 @@ def results_readme(runs):
 def build():
     runs = load_all()
     if not runs:
-        sys.exit("error: no runs under results/; record some first")
+        sys.exit("error: no runs under results/runs/; record some first")
     plots(fp32_only(runs))
     path = os.path.join(REPO, "README.md")
     with open(path) as f:
@@ -429,7 +444,8 @@ def build():
             text = f.read()
         with open(path, "w") as f:
             f.write(replace_block(text, NET_BEGIN, NET_END, study))
-    print(f"README.md table, results/README.md and results/*.png rebuilt from {len(runs)} runs")
+    print(f"README.md table, results/README.md and results/runs/*.png rebuilt from {len(runs)} "
+          "runs")
 
 
 def main(argv):

@@ -149,6 +149,11 @@ def test_the_readme_row_is_fp32_where_both_precisions_ran_and_says_bf16_where_on
     assert results.paper_table([partial, running])[2].startswith(
         "| small, bf16 | 1 of 13, running (1 process), ETA ≈ 2 h | 290.00 | 190.00 | — | — | "
         "600 s |")
+    # of two partial runs, the one further on, whatever its precision
+    further = bf16(dict(run("partial", 1, [epoch(n, 290.0, 190.0, 600.0) for n in (1, 2)]),
+                        env=env))
+    assert results.paper_table([partial, further])[2].startswith(
+        "| small, bf16 | 2 of 13 (1 process, partial) |")
     # and the tables of results/README.md keep to fp32
     assert len(results.table(results.fp32_only([fast, fp32]))) == 3
 
