@@ -18,13 +18,23 @@ def test_compare_runs_both_trainers_on_one_host_and_over_a_link(ptb_path, tmp_pa
     assert [row["link"] for row in result["rows"]] == ["this host", "1 Gbit/s"]
     for row in result["rows"]:
         for kind in ("Horovod", "tf.distribute"):
-            assert row[f"{kind} words_per_s"] > 0 and row[f"{kind} peak_rss_mb"] > 0
-            assert row[f"{kind} first_window_s"] > 0
+            # the tiny model on 2 workers: hundreds to tens of thousands of words a second, a
+            # TensorFlow process of more than 100 MB, its first window within the run's minutes
+            assert 100 < row[f"{kind} words_per_s"] < 1e6, row
+            assert 100 < row[f"{kind} peak_rss_mb"] < 24 * 1024, row
+            assert 0 < row[f"{kind} first_window_s"] < 600, row
     over_link = result["rows"][1]
     # each step sends about the tiny model's gradients (the 32 x 10,000 softmax is most of
     # them); read at log lines 2 steps apart while training goes on, so only roughly
     for kind in ("Horovod", "tf.distribute"):
         assert over_link[f"{kind} bytes_per_step"] > 0.5 * 4 * 32 * 10000, kind
-    assert result["lines_added_to_lm_ptb"]["tf.distribute"]["added"] > 0
+    # the lines each script adds to lm_ptb.py: at least its tagged lines (lm_ptb.py has none),
+    # at most all its lines
+    for kind, script, tag in (("tf.distribute", "lm_ptb_tf_distribute.py", "# tf.distribute "),
+                              ("Horovod", "lm_ptb_distributed.py", "# Horovod ")):
+        lines = open(f"{REPO}/{script}").read().splitlines()
+        tagged = sum(tag in line for line in lines)
+        assert tagged > 10 and tagged <= result["lines_added_to_lm_ptb"][kind]["added"] \
+            <= len(lines), kind
     assert "ratio" in r.stdout and "written to" in r.stdout
-    assert (tmp_path / "compare.png").stat().st_size > 0
+    assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -272,7 +272,8 @@ def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
     namespaces = [netns_inode(ns) for ns, _, _ in hosts]
     assert ranks == {"rank0": namespaces[0], "rank1": namespaces[1]} and len(set(namespaces)) == 2
     test_event = events(out, "test")[0]
-    assert test_event["world_size"] == 2 and test_event["test_ppl"] > 0
+    # 20 steps of the tiny model: better than the untrained model's perplexity, the vocabulary
+    assert test_event["world_size"] == 2 and 1 < test_event["test_ppl"] < 10000
 
 
 @pytest.mark.smoke

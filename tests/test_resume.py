@@ -249,6 +249,35 @@ def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
     assert rebuilt["train_ppl"] == pytest.approx(reference["train_ppl"], rel=1e-4)
 
 
+def test_two_ranks_stopped_during_validation_both_validate_at_the_resume(ptb_path, tmp_path):
+    """The resumed run's rank 0 learns from its log that an epoch lacks its line; it tells the
+    other ranks, and all of them validate that epoch (none waits idle in a collective with no
+    allowance for it), then rank 0 writes the line."""
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=2",
+            "--set", "valid_batch_size=1", "--set", "eval_steps=1000"]
+    cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
+           "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
+    job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, env=script_env())
+    saved = os.path.join(out, "checkpoints", "ckpt-2.index")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(saved):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    job.communicate(timeout=60)
+    assert [e["epoch"] for e in events(out, "epoch")] == [1]  # stopped inside validation
+    r = mpirun((2, [*args, "--resume"]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    one_line_per_epoch(out, 2)
+    whole = str(tmp_path / "whole")
+    run(0, [*args[:5], whole, *args[6:]])
+    assert events(out, "epoch")[1]["valid_ppl"] == pytest.approx(
+        events(whole, "epoch")[1]["valid_ppl"], rel=1e-4)
+
+
 IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=60", "--set", "num_epochs=1",
             "--set", "eval_steps=2", "--set", "checkpoint_every=20", "--seed", "3",
             "--log_every", "1"]
