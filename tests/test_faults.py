@@ -404,8 +404,12 @@ def test_resuming_with_fewer_steps_per_epoch_than_the_checkpoints_step_is_one_li
     job.communicate(timeout=60)
     r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=30"]))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert errors and all(re.fullmatch(
-        r"error: --resume: the checkpoint is (\d+) steps into epoch 1, which now has 30 "
+    assert re.search(
+        r"error: --resume: the checkpoint is \d+ steps into epoch 1, which now has 30 "
         r"\(steps_per_epoch=30\); resume with the steps_per_epoch it was saved with, or more",
-        line) for line in errors), errors
+        r.stderr), r.stderr
+    # each rank's error is that one (two ranks' lines can interleave in mpirun's output: only
+    # their starts are compared), not a crash on a name or a division by zero
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert all(line.startswith("error: --resume: the checkpoint is ") for line in errors), errors
+    assert "UnboundLocalError" not in r.stderr and "ZeroDivisionError" not in r.stderr

@@ -254,28 +254,32 @@ def test_two_ranks_stopped_during_validation_both_validate_at_the_resume(ptb_pat
     other ranks, and all of them validate that epoch (none waits idle in a collective with no
     allowance for it), then rank 0 writes the line."""
     out = str(tmp_path / "run")
+    # 8,000 windows of 1 x 2 words: seconds of validation, long enough to stop in
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
-            "--set", "steps_per_epoch=30", "--set", "num_epochs=2",
-            "--set", "valid_batch_size=1", "--set", "eval_steps=1000"]
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=1", "--set", "valid_batch_size=1",
+            "--set", "valid_num_steps=2", "--set", "eval_steps=8000"]
     cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
            "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
     job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, env=script_env())
-    saved = os.path.join(out, "checkpoints", "ckpt-2.index")
+    saved = os.path.join(out, "checkpoints", "ckpt-1.index")
     deadline = time.monotonic() + 120
     while not os.path.exists(saved):
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
     job.communicate(timeout=60)
-    assert [e["epoch"] for e in events(out, "epoch")] == [1]  # stopped inside validation
+    assert not events(out, "epoch")  # stopped inside validation
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
-    one_line_per_epoch(out, 2)
+    one_line_per_epoch(out, 1)
+    # the same checkpoint evaluated by an uninterrupted 2-rank run of the same length (2 ranks,
+    # as the tiny config at this learning rate grows apart from one process within 2 epochs:
+    # valid 964 against 1,013 at epoch 2, with the code before this test too)
     whole = str(tmp_path / "whole")
-    run(0, [*args[:5], whole, *args[6:]])
-    assert events(out, "epoch")[1]["valid_ppl"] == pytest.approx(
-        events(whole, "epoch")[1]["valid_ppl"], rel=1e-4)
+    run(2, [*args[:5], whole, *args[6:]])
+    assert events(out, "epoch")[0]["valid_ppl"] == pytest.approx(
+        events(whole, "epoch")[0]["valid_ppl"], rel=1e-6)
 
 
 IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=60", "--set", "num_epochs=1",
