@@ -19,7 +19,7 @@ REPO=$(pwd)
 SUITE=${GPU_CHECK_SUITE:-trixie}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 RUN_ARGS=${GPU_CHECK_RUN_ARGS:---config config_small --set num_epochs=1 --set steps_per_epoch=40 --set eval_steps=20 --log_every 2}
-LOG=${LOG:-$REPO/results/gpu-build-check.log}
+LOG=${LOG:-$REPO/results/stack/gpu-build-check.log}
 
 # shellcheck source=scripts/debian_root.sh
 . scripts/debian_root.sh
