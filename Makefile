@@ -22,7 +22,7 @@ PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
 # it stopped at (before its first checkpoint, --resume starts afresh and says so).
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/metrics.jsonl $(call RUN_DIR,$(1))/checkpoints),--resume)
 
-.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status venv-tf2.15 gpu-build-check
+.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status venv-tf2.15 gpu-build-check chaos
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -98,3 +98,9 @@ gpu-build-check:
 # Horovod against tf.distribute, 2 workers, side by side in turns (as root: network namespaces).
 compare: setup data
 	$(PY) scripts/compare.py --data_path $(PTB_DATA_PATH)
+
+# Faults on a schedule (docs/reliability.md): about 10 minutes of a tiny config under SIGKILL,
+# SIGSTOP, SIGTERM, kills during saves and resets, a cut link, a full disk and hosts that leave,
+# then the checks; as root (network namespaces, a tmpfs). CHAOS_ARGS="--seed 7 --launcher mpirun"
+chaos: setup data
+	$(PY) scripts/chaos.py --data_path $(PTB_DATA_PATH) --results results/studies/chaos $(CHAOS_ARGS)

@@ -66,10 +66,16 @@ def alive(pid):
         return False
 
 
-def attach(hosts, *link_settings):
-    """Move each host's device into its namespace, give it its address, and bring it up."""
-    for ns, address, device in hosts:
+def attach(hosts, *link_settings, device_name=None):
+    """Move each host's device into its namespace, give it its address, and bring it up; renamed
+    there to device_name if given (the same name on both hosts, as horovodrun's
+    --network-interfaces wants: names need only differ within a namespace)."""
+    for i, (ns, address, device) in enumerate(hosts):
         sh("ip", "link", "set", device, "netns", ns)
+        if device_name:
+            sh("ip", "-n", ns, "link", "set", device, "name", device_name)
+            device = device_name
+            hosts[i] = (ns, address, device)
         if link_settings:
             sh("ip", "-n", ns, "link", "set", device, *link_settings)
         sh("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", device)
@@ -77,12 +83,19 @@ def attach(hosts, *link_settings):
 
 
 @contextlib.contextmanager
-def two_hosts():
-    """Yields [(namespace, address, veth)] for hosts a and b, joined by a veth pair."""
+def two_hosts(device_name=None):
+    """Yields [(namespace, address, veth)] for hosts a and b, joined by a veth pair (named
+    device_name inside both namespaces, if given)."""
     with namespaces("vp") as hosts:
         sh("ip", "link", "add", hosts[0][2], "type", "veth", "peer", "name", hosts[1][2])
-        attach(hosts)
+        attach(hosts, device_name=device_name)
         yield hosts
+
+
+def set_link(host, up):
+    """Bring a host's end of the link up or down (down on one end cuts both ways)."""
+    ns, _, device = host
+    sh("ip", "-n", ns, "link", "set", device, "up" if up else "down")
 
 
 @contextlib.contextmanager

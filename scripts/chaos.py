@@ -1,0 +1,608 @@
+"""Faults on a schedule: train under many faults in a row and check that nothing was lost.
+
+lm_ptb_elastic.py runs under horovodrun's elastic driver on two "hosts", network namespaces of
+this machine joined by a veth link (scripts/twohosts.py; root needed), its output on a small
+tmpfs; or, with --launcher mpirun, lm_ptb_distributed.py under mpirun on the same two hosts,
+relaunched with --resume after each failure as a scheduler would. Faults come at training steps
+drawn from a seed (printed), each kind at least --each times. Then it checks: the epochs all
+ran, the final valid perplexity is the uninterrupted run's (lm_ptb_distributed.py, the same
+global batches), no process of the run is left, every checkpoint on disk loads, metrics.jsonl
+is whole, and every fault had a line of the trainer's own on the console. docs/reliability.md.
+
+    sudo make chaos                                   # about 10 minutes, a new seed
+    .venv/bin/python scripts/chaos.py --seed 7 --minutes 3 --faults kill,link_cut
+    .venv/bin/python scripts/chaos.py --launcher mpirun
+"""
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts import record_env, twohosts  # noqa: E402
+
+REPO = twohosts.REPO
+TINY = os.path.join(REPO, "tests", "config_tiny.py")
+NIC = "ptbnet"  # the link's name inside both namespaces
+STEP_TIMEOUT_S = 15  # the trainer's watchdog (--set step_timeout_s)
+GLOO_TIMEOUT_S = 20  # Horovod's Gloo collectives and rendezvous (HOROVOD_GLOO_TIMEOUT_SECONDS)
+COOLDOWN_S = (2, 4)  # horovodrun's --blacklist-cooldown-range: a failed host may come back
+LOG_EVERY = 10
+COMMIT_EVERY = 20  # checkpoint_every: a reset or a relaunch loses at most this many steps
+STEPS_PER_FAULT = 60  # training steps between faults, on average
+EPOCHS = 3
+DISK_MB = 64
+
+# What each kind does, and which launchers it applies to.
+KINDS = {
+    "kill": ("SIGKILL of a worker", ("elastic", "mpirun")),
+    "stop": (f"SIGSTOP of a worker for {STEP_TIMEOUT_S + 10} s, longer than the step timeout",
+             ("elastic", "mpirun")),
+    "term": ("SIGTERM of a worker (a preemption notice)", ("elastic", "mpirun")),
+    "kill_in_save": ("SIGKILL of the worker writing a checkpoint, while it writes",
+                     ("elastic", "mpirun")),
+    "kill_in_reset": ("SIGKILL of a worker, then of the worker the driver starts to replace it "
+                      "while the job resets to take it in", ("elastic",)),
+    "link_blip": ("the link down for 2 s, under every timeout", ("elastic", "mpirun")),
+    "link_cut": (f"the link down for {GLOO_TIMEOUT_S + STEP_TIMEOUT_S + 10} s, longer than "
+                 "every timeout", ("elastic", "mpirun")),
+    "disk_full": ("the output disk full for 3 s", ("elastic", "mpirun")),
+    "host_leaves": ("a host gone from the discovery list for 5-10 s, then back", ("elastic",)),
+}
+# The trainer's own lines (not Horovod's or MPI's): rank 0's reset line, a stop's or an error's
+# one line, a relaunch's resume line.
+OWN_LINE = re.compile(r"(\[ptb\] reset \|.*|\[ptb\] --resume: .*|error: .*)")
+
+
+SAID = []  # every line printed, for the report's .log
+
+
+def say(text):
+    SAID.append(f"chaos: {text}")
+    print(SAID[-1], flush=True)
+
+
+class Job:
+    """The training job and its relaunches: the processes, the console lines, the metrics."""
+
+    def __init__(self, launcher, hosts, out, args, workdir):
+        self.launcher, self.hosts, self.out, self.args = launcher, hosts, out, args
+        self.hosts_file = os.path.join(workdir, "hosts.txt")
+        self.console = open(os.path.join(workdir, "console.log"), "w")
+        self.ssh_dir = os.path.join(workdir, "bin")
+        os.makedirs(self.ssh_dir)
+        os.symlink(os.path.join(REPO, "scripts", "netns_rsh"), os.path.join(self.ssh_dir, "ssh"))
+        self.lines = []  # (time, line) of the trainer's own, from every launch
+        self.proc, self.launches = None, 0
+        self.progress_times = set()  # every progress line's time, kept though a reset drops it
+        threading.Thread(target=self._watch_progress, daemon=True).start()
+        self.list_hosts(*(address for _, address, _ in hosts))
+
+    def list_hosts(self, *addresses):
+        """What the discovery script prints from now on (replaced whole)."""
+        with open(self.hosts_file + ".tmp", "w") as f:
+            f.write("".join(f"{a}:1\n" for a in addresses))
+        os.replace(self.hosts_file + ".tmp", self.hosts_file)
+
+    def command(self):
+        resume = ["--resume"] if self.launches else []
+        trainer = [*self.args, "--output_dir", self.out, *resume]
+        if self.launcher == "mpirun":
+            return twohosts.mpirun_command(self.hosts, trainer)
+        ns_a = self.hosts[0][0]
+        return ["ip", "netns", "exec", ns_a, os.path.join(os.path.dirname(sys.executable),
+                                                           "horovodrun"),
+                "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interfaces", NIC,
+                "--blacklist-cooldown-range", *map(str, COOLDOWN_S),
+                "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
+                sys.executable, "lm_ptb_elastic.py", *trainer]
+
+    def start(self):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", ELASTIC_HOSTS=self.hosts_file,
+                   NETNS_OF=twohosts.netns_of(self.hosts),
+                   HOROVOD_GLOO_TIMEOUT_SECONDS=str(GLOO_TIMEOUT_S),
+                   PATH=os.pathsep.join([self.ssh_dir, os.path.dirname(sys.executable),
+                                         os.environ["PATH"]]))
+        env.pop("TF_USE_LEGACY_KERAS", None)
+        self.proc = subprocess.Popen(self.command(), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.launches += 1
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+
+    def _read(self, proc):
+        for line in proc.stdout:
+            self.console.write(line)
+            self.console.flush()
+            found = OWN_LINE.search(line)
+            if found:
+                self.lines.append((time.time(), found.group(1)))
+
+    def _watch_progress(self):
+        while True:
+            self.progress_times.update(e["time"] for e in events(self.out)
+                                       if e["event"] == "progress")
+            time.sleep(0.2)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def workers(self):
+        """{pid: host address} of the run's training processes (found by their output folder)."""
+        inodes = {twohosts_inode(ns): address for ns, address, _ in self.hosts}
+        found = {}
+        script = b"lm_ptb_elastic.py" if self.launcher == "elastic" else b"lm_ptb_distributed.py"
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().split(b"\0")
+                inode = os.readlink(f"/proc/{pid}/ns/net")
+            except OSError:
+                continue
+            # the interpreter running the script itself, not the launchers and shells around it
+            if cmdline[1:2] == [script] and self.out.encode() in cmdline \
+                    and twohosts.alive(int(pid)):
+                found[int(pid)] = inodes.get(inode, "?")
+        return found
+
+    def leftovers(self):
+        """Processes that name the run's output folder (workers, launchers, agents)."""
+        r = subprocess.run(["pgrep", "-f", self.out], capture_output=True, text=True)
+        return [int(p) for p in r.stdout.split() if int(p) != os.getpid()]
+
+    def end(self):
+        """Kill what is left of the run, the launcher's session first."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pid in self.leftovers():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+_inodes = {}
+
+
+def twohosts_inode(ns):
+    if ns not in _inodes:
+        _inodes[ns] = subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
+                                     capture_output=True, text=True, check=True).stdout.strip()
+    return _inodes[ns]
+
+
+def events(out):
+    """metrics.jsonl's events; a line cut by a full disk or a kill is skipped here and caught
+    by the final check."""
+    try:
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(line))
+    return found
+
+
+def position(out):
+    """(epoch, step) of the newest progress line, or None."""
+    progress = [(e["epoch"], e["step"]) for e in events(out) if e["event"] == "progress"]
+    return progress[-1] if progress else None
+
+
+def progress_after(out, moment):
+    """The time of the first progress line logged after `moment`, or None."""
+    times = [e["time"] for e in events(out) if e["event"] == "progress" and e["time"] > moment]
+    return min(times) if times else None
+
+
+class Faults:
+    """Injects one fault of each kind into the job, with the schedule's random choices."""
+
+    def __init__(self, job, rng, tmpfs):
+        self.job, self.rng, self.tmpfs = job, rng, tmpfs
+
+    def pick_worker(self, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            workers = self.job.workers()
+            if workers:
+                pid = self.rng.choice(sorted(workers))
+                return pid, workers[pid]
+            time.sleep(0.1)
+        return None, None
+
+    def signal(self, sig):
+        pid, host = self.pick_worker()
+        if pid is None:
+            return "no worker to signal"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        return f"pid {pid} on {host}"
+
+    def kill(self):
+        return self.signal(signal.SIGKILL)
+
+    def term(self):
+        return self.signal(signal.SIGTERM)
+
+    def stop(self):
+        pid, host = self.pick_worker()
+        if pid is None:
+            return "no worker to stop"
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(STEP_TIMEOUT_S + 10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        return f"pid {pid} on {host}"
+
+    def kill_in_save(self, timeout=120):
+        """Watch the workers' open files; the first one with a file open in the checkpoint
+        folder is stopped there, checked to be still writing, and killed."""
+        folder = os.path.join(self.job.out, "checkpoints")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.job.alive():
+            for pid, host in self.job.workers().items():
+                path = writing(pid, folder)
+                if path:
+                    os.kill(pid, signal.SIGSTOP)
+                    still = writing(pid, folder)
+                    os.kill(pid, signal.SIGKILL)
+                    if still:
+                        return f"pid {pid} on {host}, writing {os.path.relpath(still, folder)}"
+                    return f"pid {pid} on {host}, just after writing {os.path.relpath(path, folder)}"
+            time.sleep(0.002)
+        return "no checkpoint write seen"
+
+    def kill_in_reset(self):
+        first_pid, host = self.pick_worker()
+        if first_pid is None:
+            return "no worker to kill"
+        os.kill(first_pid, signal.SIGKILL)
+        # the driver starts a new worker on that host after its cooldown; kill it while the
+        # job takes it in (between its start and the step after the reset)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and self.job.alive():
+            new = [p for p, h in self.job.workers().items() if h == host and p != first_pid]
+            if new:
+                time.sleep(self.rng.uniform(3, 12))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(new[0], signal.SIGKILL)
+                return f"pid {first_pid} on {host}, then its replacement pid {new[0]}"
+            time.sleep(0.1)
+        return f"pid {first_pid} on {host}; no replacement started within 90 s"
+
+    def link(self, seconds):
+        host = self.rng.choice(self.job.hosts)
+        twohosts.set_link(host, up=False)
+        try:
+            time.sleep(seconds)
+        finally:
+            twohosts.set_link(host, up=True)
+        return f"{host[1]}'s end, {seconds} s"
+
+    def link_blip(self):
+        return self.link(2)
+
+    def link_cut(self):
+        return self.link(GLOO_TIMEOUT_S + STEP_TIMEOUT_S + 10)
+
+    def disk_full(self):
+        filler = os.path.join(self.tmpfs, "filler")
+        with open(filler, "wb") as f:
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+        time.sleep(3)
+        os.remove(filler)
+        return f"{DISK_MB} MB tmpfs filled for 3 s"
+
+    def host_leaves(self):
+        (_, gone, _), = self.rng.sample(self.job.hosts, 1)
+        staying = [a for _, a, _ in self.job.hosts if a != gone]
+        self.job.list_hosts(*staying)
+        seconds = self.rng.uniform(5, 10)
+        time.sleep(seconds)
+        self.job.list_hosts(*(a for _, a, _ in self.job.hosts))
+        return f"{gone} gone for {seconds:.1f} s"
+
+
+def writing(pid, folder):
+    """A file in `folder` (or below) that process pid has open, or None."""
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(folder + os.sep):
+                    return target
+    except OSError:
+        pass
+    return None
+
+
+def schedule(kinds, each, minutes, rng):
+    """The faults in order: each kind `each` times, more (random kinds) to fill the minutes at
+    about one fault per 20 s, shuffled."""
+    faults = [k for k in kinds for _ in range(each)]
+    while kinds and len(faults) < minutes * 3:
+        faults.append(rng.choice(kinds))
+    rng.shuffle(faults)
+    return faults
+
+
+def trainer_args(data_path, per_epoch, epochs):
+    return ["--config", TINY, "--data_path", data_path, "--log_every", str(LOG_EVERY),
+            "--set", f"steps_per_epoch={per_epoch}", "--set", f"num_epochs={epochs}",
+            "--set", "eval_steps=50", "--set", f"checkpoint_every={COMMIT_EVERY}",
+            "--set", f"step_timeout_s={STEP_TIMEOUT_S}"]
+
+
+@contextlib.contextmanager
+def small_disk(folder):
+    """A DISK_MB tmpfs at folder: the run's output, which a fault can fill."""
+    os.makedirs(folder)
+    twohosts.sh("mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", folder)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", folder], capture_output=True)
+
+
+def run(opts):
+    env = record_env.record()
+    say(f"{env['date_utc']} UTC, commit {env['commit']}, {env['cpu']}, {env['cores']} cores, "
+        f"TF {env['tensorflow']}, Horovod {env['horovod']}; "
+        f"scripts/chaos.py {' '.join(opts.argv)}")
+    rng = random.Random(opts.seed)
+    kinds = [k for k in opts.faults if opts.launcher in KINDS[k][1]]
+    faults = schedule(kinds, opts.each, opts.minutes, rng)
+    per_epoch = -(-(len(faults) + 1) * STEPS_PER_FAULT // EPOCHS)
+    total_steps = per_epoch * EPOCHS
+    at_steps = sorted(rng.sample(range(STEPS_PER_FAULT // 2, total_steps - STEPS_PER_FAULT // 2),
+                                 len(faults)))
+    say(f"seed {opts.seed}, launcher {opts.launcher}, {len(faults)} faults over "
+        f"{total_steps} steps: " + ", ".join(f"{k}@{s}" for k, s in zip(faults, at_steps)))
+    workdir = tempfile.mkdtemp(prefix="ptb-chaos-")
+    report = {"env": env, "seed": opts.seed, "launcher": opts.launcher, "total_steps": total_steps,
+              "steps_per_epoch": per_epoch,
+              "faults": [], "launches": 0}
+    try:
+        with twohosts.two_hosts(device_name=NIC) as hosts, \
+                small_disk(os.path.join(workdir, "out")) as out:
+            args = trainer_args(opts.data_path, per_epoch, EPOCHS)
+            job = Job(opts.launcher, hosts, os.path.join(out, "run"), args, workdir)
+            inject = Faults(job, rng, out)
+            started = time.time()
+            job.start()
+            pending = list(zip(faults, at_steps))
+            deadline = time.monotonic() + opts.minutes * 60 * 4 + 600
+            while time.monotonic() < deadline:
+                if not job.alive():
+                    if job.proc.returncode == 0:
+                        break
+                    say(f"the job ended with status {job.proc.returncode}: relaunched with "
+                        "--resume, as a scheduler would")
+                    job.end()  # nothing of it may stay (a worker on the other host)
+                    job.start()
+                    continue
+                if pending and reached(job.out, pending[0][1], per_epoch):
+                    kind, at = pending.pop(0)
+                    moment, before = time.time(), position(job.out)
+                    what = getattr(inject, kind)()
+                    say(f"{kind} at step {at}: {what}")
+                    report["faults"].append({"kind": kind, "at_step": at, "time": moment,
+                                             "what": what, "ended": time.time(),
+                                             "before": before})
+                    continue
+                time.sleep(0.2)
+            else:
+                say("the run did not finish in time")
+            report["launches"] = job.launches
+            report["wall_s"] = time.time() - started
+            report["not_injected"] = [k for k, _ in pending]
+            job.end()
+            time.sleep(1)
+            report["leftovers"] = job.leftovers()
+            report["lines"] = job.lines
+            report["events"] = events(job.out)
+            report["progress_times"] = sorted(job.progress_times)
+            report["checkpoints"] = check_checkpoints(job.out)
+            report["metrics_whole"] = metrics_whole(job.out)
+            report["returncode"] = job.proc.returncode
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    reference = os.path.join(tempfile.mkdtemp(prefix="ptb-chaos-ref-"), "run")
+    say("the uninterrupted run: lm_ptb_distributed.py, 2 ranks, the same arguments")
+    r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                        "-bind-to", "none", sys.executable, "lm_ptb_distributed.py",
+                        *trainer_args(opts.data_path, per_epoch, EPOCHS), "--output_dir", reference],
+                       cwd=REPO, capture_output=True, text=True)
+    report["reference"] = [e for e in events(reference) if e["event"] == "epoch"]
+    report["reference_rc"] = r.returncode
+    shutil.rmtree(os.path.dirname(reference), ignore_errors=True)
+    return report
+
+
+def reached(out, step, steps_per_epoch):
+    """Whether the newest progress line is at or past `step`, counted over the epochs."""
+    now = position(out)
+    return now is not None and (now[0] - 1) * steps_per_epoch + now[1] >= step
+
+
+def check_checkpoints(out):
+    """{checkpoint prefix: None if it loads, else the error}, for every one on disk."""
+    import glob
+    found = {}
+    code = ("import sys, tensorflow as tf\n"
+            "for p in sys.argv[1:]:\n"
+            "    r = tf.train.load_checkpoint(p)\n"
+            "    [r.get_tensor(n) for n in r.get_variable_to_shape_map()]\n"
+            "    print('ok', p, flush=True)\n")
+    prefixes = sorted(p[:-len(".index")] for p in
+                      glob.glob(os.path.join(out, "checkpoints", "**", "*.index"), recursive=True))
+    for prefix in prefixes:
+        r = subprocess.run([sys.executable, "-c", code, prefix], capture_output=True, text=True)
+        found[os.path.relpath(prefix, out)] = None if r.returncode == 0 else \
+            (r.stderr.strip().splitlines() or ["?"])[-1]
+    return found
+
+
+def metrics_whole(out):
+    """Problems of metrics.jsonl: lines that do not parse, progress out of order or repeated."""
+    problems = []
+    try:
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        return [f"unreadable: {e}"]
+    parsed = []
+    for n, line in enumerate(lines, 1):
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            problems.append(f"line {n} does not parse: {line[:80]!r}")
+    progress = [(e["epoch"], e["step"]) for e in parsed if e["event"] == "progress"]
+    if progress != sorted(set(progress)):
+        problems.append("progress lines repeated or out of order")
+    return problems
+
+
+TOLERANCE = 0.02  # relative, on the final valid perplexity; why: docs/reliability.md
+
+
+def global_step(epoch, step, per_epoch):
+    return (epoch - 1) * per_epoch + step
+
+
+def resumed_at(line, per_epoch):
+    """The global step a reset or a relaunch went on from, from its line."""
+    found = re.search(r"again from epoch (\d+) step (\d+)|\(epoch (\d+) step (\d+)\)"
+                      r"|\(the end of epoch (\d+)\)", line)
+    if not found:
+        return None
+    g = found.groups()
+    if g[0]:
+        return global_step(int(g[0]), int(g[1]), per_epoch)
+    if g[2]:
+        return global_step(int(g[2]), int(g[3]), per_epoch)
+    return int(g[4]) * per_epoch
+
+
+def per_fault(report):
+    """Each fault's figures: its lines, the steps it rolled back, the seconds to progress."""
+    faults, per_epoch = report["faults"], report["steps_per_epoch"]
+    ends = [f["time"] for f in faults[1:]] + [float("inf")]
+    for fault, end in zip(faults, ends):
+        lines = [line for t, line in report["lines"] if fault["time"] <= t < end]
+        fault["lines"] = lines
+        before = global_step(*fault["before"], per_epoch) if fault["before"] else 0
+        back = [b for b in (resumed_at(line, per_epoch) for line in lines) if b is not None]
+        fault["rolled_back"] = max([0] + [before - b for b in back])
+        after = [t for t in report["progress_times"] if t > fault["time"]]
+        fault["to_progress_s"] = (min(after) - fault["time"]) if after and min(after) < end \
+            else None
+    return faults
+
+
+def verdict(report):
+    """Print the table and the checks; True if every check holds."""
+    faults = per_fault(report)
+    kinds = sorted({f["kind"] for f in faults}, key=list(KINDS).index)
+    say("| fault | injected | with a line of the trainer's | steps rolled back | "
+        "s to the next progress line: median, max |")
+    say("| --- | --- | --- | --- | --- |")
+    for kind in kinds:
+        mine = [f for f in faults if f["kind"] == kind]
+        waits = [f["to_progress_s"] for f in mine if f["to_progress_s"] is not None]
+        say(f"| {kind} | {len(mine)} | {sum(bool(f['lines']) for f in mine)} | "
+            f"{sum(f['rolled_back'] for f in mine)} | "
+            + (f"{statistics.median(waits):.1f}, {max(waits):.1f}" if waits else "—") + " |")
+    epochs = [e for e in report["events"] if e["event"] == "epoch"]
+    final = epochs[-1]["valid_ppl"] if epochs else None
+    ref = report["reference"][-1]["valid_ppl"] if report["reference"] else None
+    if final and ref:
+        say(f"final valid perplexity {final:.2f}, uninterrupted {ref:.2f} "
+            f"({(final / ref - 1) * 100:+.2f} %); {report['launches']} launches, "
+            f"{report['wall_s'] / 60:.1f} min")
+    short = [k for k in report["kinds"] if sum(f["kind"] == k for f in faults) < report["each"]]
+    silent = [f"{f['kind']}@{f['at_step']}" for f in faults
+              if not f["lines"] and f["kind"] != "link_blip"]
+    checks = {
+        "every fault of the schedule injected, each kind at least --each times":
+            not report["not_injected"] and not short,
+        "the job finished its epochs": report["returncode"] == 0 and
+            [e["epoch"] for e in epochs] == list(range(1, EPOCHS + 1)) and
+            any(e["event"] == "test" for e in report["events"]),
+        f"the final valid perplexity is the uninterrupted run's within {TOLERANCE:.0%}":
+            bool(final and ref) and abs(final / ref - 1) <= TOLERANCE,
+        "no process of the run is left": not report["leftovers"],
+        "every checkpoint on disk loads": all(v is None for v in report["checkpoints"].values()),
+        "metrics.jsonl parses line by line, each step once, in order": not report["metrics_whole"],
+        "every fault had a line of the trainer's (a short link blip may pass unseen)": not silent,
+    }
+    details = {
+        "every fault of the schedule injected, each kind at least --each times":
+            f"not injected {report['not_injected']}, short {short}",
+        "no process of the run is left": f"pids {report['leftovers']}",
+        "every checkpoint on disk loads": str({k: v for k, v in report["checkpoints"].items()
+                                               if v}),
+        "metrics.jsonl parses line by line, each step once, in order":
+            "; ".join(report["metrics_whole"]),
+        "every fault had a line of the trainer's (a short link blip may pass unseen)":
+            ", ".join(silent),
+    }
+    for name, ok in checks.items():
+        say(("ok: " if ok else "FAILED: ") + name + ("" if ok else f" ({details.get(name, '')})"))
+    report["checks"] = checks
+    return all(checks.values())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--launcher", choices=("elastic", "mpirun"), default="elastic")
+    parser.add_argument("--seed", type=int, default=None, help="default: a new one, printed")
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--each", type=int, default=3, help="faults of each kind, at least")
+    parser.add_argument("--faults", default=",".join(KINDS),
+                        help="kinds, comma-separated: " + ", ".join(KINDS))
+    parser.add_argument("--data_path", default=os.environ.get("PTB_DATA_PATH", "data/ptb"))
+    parser.add_argument("--results", default=None,
+                        help="write the report here: <results>/chaos-<launcher>-seed<seed>.json")
+    opts = parser.parse_args(argv)
+    opts.argv = sys.argv[1:] if argv is None else argv
+    opts.faults = [k.strip() for k in opts.faults.split(",") if k.strip()]
+    unknown = [k for k in opts.faults if k not in KINDS]
+    if unknown:
+        parser.error(f"unknown fault kind {unknown[0]!r}: choose from {', '.join(KINDS)}")
+    if os.geteuid() != 0:
+        parser.error("the two hosts are network namespaces and the disk a tmpfs: run as root")
+    opts.seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(10 ** 6)
+    report = run(opts)
+    report["kinds"], report["each"] = [k for k in opts.faults
+                                       if opts.launcher in KINDS[k][1]], opts.each
+    ok = verdict(report)
+    if opts.results:
+        os.makedirs(opts.results, exist_ok=True)
+        path = os.path.join(opts.results, f"chaos-{opts.launcher}-seed{opts.seed}")
+        say(f"report: {path}.json, this text: {path}.log")
+        with open(path + ".json", "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        with open(path + ".log", "w") as f:
+            f.write("\n".join(SAID) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
