@@ -34,12 +34,16 @@ from scripts import record_env, twohosts  # noqa: E402
 REPO = twohosts.REPO
 TINY = os.path.join(REPO, "tests", "config_tiny.py")
 NIC = "ptbnet"  # the link's name inside both namespaces
-STEP_TIMEOUT_S = 15  # the trainer's watchdog (--set step_timeout_s)
-GLOO_TIMEOUT_S = 20  # Horovod's Gloo collectives and rendezvous (HOROVOD_GLOO_TIMEOUT_SECONDS)
+# Shorter than the defaults (600 and 30 s) to keep the schedule short, in the same order: a
+# collective that waits for a lost peer fails first (Gloo's timeout), so elastic resets; the
+# watchdog ends only a process that is still stuck after that.
+GLOO_TIMEOUT_S = 5  # Horovod's Gloo collectives and rendezvous (HOROVOD_GLOO_TIMEOUT_SECONDS)
+STEP_TIMEOUT_S = 10  # the trainer's watchdog (--set step_timeout_s)
 COOLDOWN_S = (2, 4)  # horovodrun's --blacklist-cooldown-range: a failed host may come back
 LOG_EVERY = 10
 COMMIT_EVERY = 20  # checkpoint_every: a reset or a relaunch loses at most this many steps
-STEPS_PER_FAULT = 60  # training steps between faults, on average
+STEPS_PER_FAULT = 250  # the job's length: enough for a fault, its recovery and a gap
+GAP_S = (1, 4)  # seconds of training at full size between one fault's recovery and the next
 EPOCHS = 3
 DISK_MB = 64
 
@@ -132,6 +136,16 @@ class Job:
             self.progress_times.update(e["time"] for e in events(self.out)
                                        if e["event"] == "progress")
             time.sleep(0.2)
+
+    def recovered(self, since, gap_s, full_within_s=30):
+        """Whether the job has trained gap_s seconds again since a fault that ended at `since`,
+        at full size (2 workers, which elastic may take a while to regain: after full_within_s
+        at any size)."""
+        now = time.time()
+        progress = [e for e in events(self.out) if e["event"] == "progress" and e["time"] > since]
+        full = [e for e in progress if self.launcher == "mpirun" or e["world_size"] == 2]
+        back = full or (progress if now - since > full_within_s else [])
+        return bool(back) and now - min(e["time"] for e in back) >= gap_s
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -226,7 +240,7 @@ class Faults:
     def signal(self, sig):
         pid, host = self.pick_worker()
         if pid is None:
-            return "no worker to signal"
+            return None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         return f"pid {pid} on {host}"
@@ -240,7 +254,7 @@ class Faults:
     def stop(self):
         pid, host = self.pick_worker()
         if pid is None:
-            return "no worker to stop"
+            return None
         os.kill(pid, signal.SIGSTOP)
         time.sleep(STEP_TIMEOUT_S + 10)
         with contextlib.suppress(ProcessLookupError):
@@ -249,26 +263,28 @@ class Faults:
 
     def kill_in_save(self, timeout=120):
         """Watch the workers' open files; the first one with a file open in the checkpoint
-        folder is stopped there, checked to be still writing, and killed."""
+        folder is stopped there, checked to be still writing, and killed. None if no write
+        was seen (the job ended first, say): the fault is tried again later."""
         folder = os.path.join(self.job.out, "checkpoints")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.job.alive():
-            for pid, host in self.job.workers().items():
-                path = writing(pid, folder)
-                if path:
-                    os.kill(pid, signal.SIGSTOP)
-                    still = writing(pid, folder)
-                    os.kill(pid, signal.SIGKILL)
-                    if still:
-                        return f"pid {pid} on {host}, writing {os.path.relpath(still, folder)}"
-                    return f"pid {pid} on {host}, just after writing {os.path.relpath(path, folder)}"
-            time.sleep(0.002)
-        return "no checkpoint write seen"
+            workers, listed = self.job.workers(), time.monotonic()
+            while time.monotonic() - listed < 0.5:  # the workers' files, every millisecond
+                for pid, host in workers.items():
+                    path = writing(pid, folder)
+                    if path:
+                        os.kill(pid, signal.SIGSTOP)
+                        still = writing(pid, folder)
+                        os.kill(pid, signal.SIGKILL)
+                        when = "writing" if still else "just after writing"
+                        return f"pid {pid} on {host}, {when} {os.path.relpath(still or path, folder)}"
+                time.sleep(0.001)
+        return None
 
     def kill_in_reset(self):
         first_pid, host = self.pick_worker()
         if first_pid is None:
-            return "no worker to kill"
+            return None
         os.kill(first_pid, signal.SIGKILL)
         # the driver starts a new worker on that host after its cooldown; kill it while the
         # job takes it in (between its start and the step after the reset)
@@ -370,10 +386,9 @@ def run(opts):
     faults = schedule(kinds, opts.each, opts.minutes, rng)
     per_epoch = -(-(len(faults) + 1) * STEPS_PER_FAULT // EPOCHS)
     total_steps = per_epoch * EPOCHS
-    at_steps = sorted(rng.sample(range(STEPS_PER_FAULT // 2, total_steps - STEPS_PER_FAULT // 2),
-                                 len(faults)))
+    gaps = [rng.uniform(*GAP_S) for _ in faults]
     say(f"seed {opts.seed}, launcher {opts.launcher}, {len(faults)} faults over "
-        f"{total_steps} steps: " + ", ".join(f"{k}@{s}" for k, s in zip(faults, at_steps)))
+        f"{total_steps} steps: " + ", ".join(faults))
     workdir = tempfile.mkdtemp(prefix="ptb-chaos-")
     report = {"env": env, "seed": opts.seed, "launcher": opts.launcher, "total_steps": total_steps,
               "steps_per_epoch": per_epoch,
@@ -386,7 +401,8 @@ def run(opts):
             inject = Faults(job, rng, out)
             started = time.time()
             job.start()
-            pending = list(zip(faults, at_steps))
+            since = time.time()
+            pending = list(zip(faults, gaps))
             deadline = time.monotonic() + opts.minutes * 60 * 4 + 600
             while time.monotonic() < deadline:
                 if not job.alive():
@@ -397,14 +413,18 @@ def run(opts):
                     job.end()  # nothing of it may stay (a worker on the other host)
                     job.start()
                     continue
-                if pending and reached(job.out, pending[0][1], per_epoch):
-                    kind, at = pending.pop(0)
+                if pending and job.recovered(since, pending[0][1]):
+                    kind, gap = pending.pop(0)
                     moment, before = time.time(), position(job.out)
                     what = getattr(inject, kind)()
-                    say(f"{kind} at step {at}: {what}")
-                    report["faults"].append({"kind": kind, "at_step": at, "time": moment,
-                                             "what": what, "ended": time.time(),
-                                             "before": before})
+                    since = time.time()
+                    if what is None:  # the job ended first: again once it is back
+                        pending.insert(0, (kind, gap))
+                        continue
+                    say(f"{kind} at epoch {before[0]} step {before[1]}: {what}" if before else
+                        f"{kind} before the first progress line: {what}")
+                    report["faults"].append({"kind": kind, "time": moment,
+                                             "what": what, "ended": since, "before": before})
                     continue
                 time.sleep(0.2)
             else:
@@ -422,6 +442,10 @@ def run(opts):
             report["metrics_whole"] = metrics_whole(job.out)
             report["returncode"] = job.proc.returncode
     finally:
+        if opts.results:  # the whole console (horovodrun's, mpirun's, the trainer's lines)
+            os.makedirs(opts.results, exist_ok=True)
+            shutil.copy(os.path.join(workdir, "console.log"), os.path.join(
+                opts.results, f"chaos-{opts.launcher}-seed{opts.seed}.console.log"))
         shutil.rmtree(workdir, ignore_errors=True)
     reference = os.path.join(tempfile.mkdtemp(prefix="ptb-chaos-ref-"), "run")
     say("the uninterrupted run: lm_ptb_distributed.py, 2 ranks, the same arguments")
@@ -433,12 +457,6 @@ def run(opts):
     report["reference_rc"] = r.returncode
     shutil.rmtree(os.path.dirname(reference), ignore_errors=True)
     return report
-
-
-def reached(out, step, steps_per_epoch):
-    """Whether the newest progress line is at or past `step`, counted over the epochs."""
-    now = position(out)
-    return now is not None and (now[0] - 1) * steps_per_epoch + now[1] >= step
 
 
 def check_checkpoints(out):
@@ -537,7 +555,7 @@ def verdict(report):
             f"({(final / ref - 1) * 100:+.2f} %); {report['launches']} launches, "
             f"{report['wall_s'] / 60:.1f} min")
     short = [k for k in report["kinds"] if sum(f["kind"] == k for f in faults) < report["each"]]
-    silent = [f"{f['kind']}@{f['at_step']}" for f in faults
+    silent = [f"{f['kind']} at {f['before']}" for f in faults
               if not f["lines"] and f["kind"] != "link_blip"]
     checks = {
         "every fault of the schedule injected, each kind at least --each times":

@@ -275,6 +275,21 @@ def test_full_disk_during_a_save_is_one_line_and_resume_continues(ranks, ptb_pat
         assert epochs == [1, 2, 3]
 
 
+def test_a_full_disk_at_a_save_inside_an_epoch_names_the_step_checkpoint_kept(ptb_path,
+                                                                               tmp_path):
+    """The first checkpoint inside the epoch (2.6 MB) fits a 4 MiB disk, the second does not:
+    the error names the first, not "no earlier checkpoint" (the epoch ends' list is empty)."""
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        out = disk / "run"
+        r = run_script(["lm_ptb.py", "--config", TINY, "--data_path", ptb_path,
+                        "--output_dir", str(out), "--set", "steps_per_epoch=5",
+                        "--set", "checkpoint_every=2", "--set", "eval_steps=1"])
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr
+    assert errors[0].startswith("error: cannot write checkpoint of epoch 1 step 4"), errors
+    assert f"{out}/checkpoints/steps/ckpt-2, is kept; free space" in errors[0], errors
+
+
 def test_a_partial_line_is_cut_back_when_the_disk_is_full(tmp_path):
     """metrics.jsonl gets whole lines or none: a write the disk takes only in part is undone."""
     from utils.logs import append_whole_line

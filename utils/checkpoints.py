@@ -15,7 +15,8 @@ from utils import import_tensorflow
 from utils.cli import signals_deferred
 from utils.training import create_slots
 from utils.config import ConfigError
-from utils.logs import IN_EPOCH, PREFIX, RUN, OutputError, first_line, os_reason
+from utils.logs import (IN_EPOCH, PREFIX, RUN, OutputError, first_line, newest_checkpoint,
+                        os_reason)
 
 tf = import_tensorflow()
 
@@ -155,7 +156,7 @@ class Checkpoints:
                 return manager.save(checkpoint_number=number)
             except (OSError, tf.errors.OpError) as e:  # no space, quota, I/O error, read-only
                 self._remove_partial()
-                kept = self.manager.latest_checkpoint
+                kept = newest_checkpoint(self.folder)  # of either kind: an epoch's or a step's
                 kept = (f"the newest complete checkpoint, {kept}, is kept" if kept else
                         "no earlier checkpoint exists")
                 reason = os_reason(e)
