@@ -9,6 +9,7 @@ global batch, split anew among the workers after each change.
     horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script launch/discover_hosts.sh \
         python lm_ptb_elastic.py --config config_small
 """
+import functools
 import os
 import socket
 import sys
@@ -24,6 +25,9 @@ import horovod_steps as steps  # Horovod 1-10: the steps' bodies, shared with lm
 
 
 COMMIT_EVERY = 100  # Elastic 5: steps between commits when checkpoint_every is not set
+# Elastic 9: what a reset may take (waiting for the driver, a new worker's start, the
+# rendezvous): horovodrun's --elastic-timeout default, its limit on waiting for workers
+RESET_ALLOWANCE_S = 600
 
 
 def refuse_indivisible(cfg, workers):
@@ -45,6 +49,22 @@ def commit_in_epoch(state, checkpoints):
         state.position = Position(epoch, done, loss_sum, save(epoch, done, loss_sum, lstm_state))
         state.commit()  # raises HostsUpdatedInterrupt on every worker when hosts changed
     return commit
+
+
+def watchdog_through_resets(watchdog):
+    """Elastic 9: when a collective fails or the hosts change, the workers leave the step for a
+    reset, whose waits the step's timeout must not cut short (it ended both workers of a cut
+    link, or the survivor of a frozen peer, while they waited for the driver)."""
+    def wrap(train):
+        @functools.wraps(train)
+        def train_or_reset(state):
+            try:
+                return train(state)
+            except Exception:  # a failed collective comes as TensorFlow's error, made Horovod's
+                watchdog.expect("an elastic reset", extra_s=RESET_ALLOWANCE_S, warm_up=False)
+                raise  # outside; other errors end the process, with their own line
+        return train_or_reset
+    return wrap
 
 
 def main(argv=None):
@@ -93,6 +113,7 @@ def main(argv=None):
     membership = Membership(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
 
     @hvd.elastic.run  # Elastic 3: after a lost or an added worker, again from the last commit
+    @watchdog_through_resets(watchdog)  # Elastic 9
     def train(state):
         """The epochs from the last commit to the last, then the test."""
         position, workers, is_chief = state.position, hvd.size(), hvd.rank() == 0  # Elastic 4

@@ -37,12 +37,12 @@ NIC = "ptbnet"  # the link's name inside both namespaces
 # Shorter than the defaults (600 and 30 s) to keep the schedule short, in the same order: a
 # collective that waits for a lost peer fails first (Gloo's timeout), so elastic resets; the
 # watchdog ends only a process that is still stuck after that.
-GLOO_TIMEOUT_S = 5  # Horovod's Gloo collectives and rendezvous (HOROVOD_GLOO_TIMEOUT_SECONDS)
-STEP_TIMEOUT_S = 10  # the trainer's watchdog (--set step_timeout_s)
+GLOO_TIMEOUT_S = 15  # Horovod's Gloo collectives and rendezvous (HOROVOD_GLOO_TIMEOUT_SECONDS)
+STEP_TIMEOUT_S = 20  # the trainer's watchdog (--set step_timeout_s)
 COOLDOWN_S = (2, 4)  # horovodrun's --blacklist-cooldown-range: a failed host may come back
 LOG_EVERY = 10
 COMMIT_EVERY = 20  # checkpoint_every: a reset or a relaunch loses at most this many steps
-STEPS_PER_FAULT = 250  # the job's length: enough for a fault, its recovery and a gap
+STEPS_PER_FAULT = 400  # the job's length: enough for a fault, its recovery and a gap
 GAP_S = (1, 4)  # seconds of training at full size between one fault's recovery and the next
 EPOCHS = 3
 DISK_MB = 64
@@ -137,15 +137,12 @@ class Job:
                                        if e["event"] == "progress")
             time.sleep(0.2)
 
-    def recovered(self, since, gap_s, full_within_s=30):
-        """Whether the job has trained gap_s seconds again since a fault that ended at `since`,
-        at full size (2 workers, which elastic may take a while to regain: after full_within_s
-        at any size)."""
-        now = time.time()
-        progress = [e for e in events(self.out) if e["event"] == "progress" and e["time"] > since]
-        full = [e for e in progress if self.launcher == "mpirun" or e["world_size"] == 2]
-        back = full or (progress if now - since > full_within_s else [])
-        return bool(back) and now - min(e["time"] for e in back) >= gap_s
+    def recovered(self, since, gap_s):
+        """Whether the job has trained gap_s seconds again since a fault that ended at `since`
+        (at any size: elastic may take a while to grow back, and a fault may come meanwhile)."""
+        progress = [e["time"] for e in events(self.out) if e["event"] == "progress"
+                    and e["time"] > since]
+        return bool(progress) and time.time() - min(progress) >= gap_s
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -282,6 +279,7 @@ class Faults:
         return None
 
     def kill_in_reset(self):
+        self.both_hosts()
         first_pid, host = self.pick_worker()
         if first_pid is None:
             return None
@@ -300,6 +298,8 @@ class Faults:
         return f"pid {first_pid} on {host}; no replacement started within 90 s"
 
     def link(self, seconds):
+        if not self.both_hosts():
+            return None
         host = self.rng.choice(self.job.hosts)
         twohosts.set_link(host, up=False)
         try:
@@ -325,10 +325,22 @@ class Faults:
         os.remove(filler)
         return f"{DISK_MB} MB tmpfs filled for 3 s"
 
+    def both_hosts(self, within_s=60):
+        """The hosts with a worker, after waiting up to within_s for both to have one (a fault
+        of the link or of the host list needs two workers to mean anything)."""
+        deadline = time.monotonic() + within_s
+        while len(set(self.job.workers().values())) < 2 and time.monotonic() < deadline \
+                and self.job.alive():
+            time.sleep(0.2)
+        return sorted(set(self.job.workers().values()))
+
     def host_leaves(self):
-        (_, gone, _), = self.rng.sample(self.job.hosts, 1)
-        staying = [a for _, a, _ in self.job.hosts if a != gone]
-        self.job.list_hosts(*staying)
+        """One of the hosts that have a worker is dropped from the list, then listed again."""
+        hosts = self.both_hosts()
+        if not hosts:
+            return None
+        gone = self.rng.choice(hosts)
+        self.job.list_hosts(*(a for _, a, _ in self.job.hosts if a != gone))
         seconds = self.rng.uniform(5, 10)
         time.sleep(seconds)
         self.job.list_hosts(*(a for _, a, _ in self.job.hosts))
@@ -523,13 +535,16 @@ def per_fault(report):
     faults, per_epoch = report["faults"], report["steps_per_epoch"]
     ends = [f["time"] for f in faults[1:]] + [float("inf")]
     for fault, end in zip(faults, ends):
-        lines = [line for t, line in report["lines"] if fault["time"] <= t < end]
-        fault["lines"] = lines
+        mine = [(t, line) for t, line in report["lines"] if fault["time"] <= t < end]
+        lines = fault["lines"] = [line for _, line in mine]
+        # recovered at its last reset or relaunch line, or when it ended if it had none
+        recovery = [t for t, line in mine if "reset |" in line or "--resume:" in line]
+        start = max(recovery) if recovery else fault["ended"]
         before = global_step(*fault["before"], per_epoch) if fault["before"] else 0
         back = [b for b in (resumed_at(line, per_epoch) for line in lines) if b is not None]
         fault["rolled_back"] = max([0] + [before - b for b in back])
-        after = [t for t in report["progress_times"] if t > fault["time"]]
-        fault["to_progress_s"] = (min(after) - fault["time"]) if after and min(after) < end \
+        after = [t for t in report["progress_times"] if t > start]
+        fault["to_progress_s"] = (min(after) - fault["ended"]) if after and min(after) < end \
             else None
     return faults
 
@@ -539,7 +554,7 @@ def verdict(report):
     faults = per_fault(report)
     kinds = sorted({f["kind"] for f in faults}, key=list(KINDS).index)
     say("| fault | injected | with a line of the trainer's | steps rolled back | "
-        "s to the next progress line: median, max |")
+        "s from its end to training again: median, max |")
     say("| --- | --- | --- | --- | --- |")
     for kind in kinds:
         mine = [f for f in faults if f["kind"] == kind]

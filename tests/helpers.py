@@ -30,7 +30,7 @@ def need_root():
         pytest.skip("needs root for ip netns")
 
 
-def horovodrun(hosts_file, args, cooldown=None):
+def horovodrun(hosts_file, args, cooldown=None, env=None):
     """lm_ptb_elastic.py under horovodrun's elastic driver, 1 to 2 workers, the hosts listed
     by launch/discover_hosts.sh from `hosts_file`; in a session of its own (to be killed whole)."""
     bin_dir = os.path.dirname(sys.executable)
@@ -39,7 +39,7 @@ def horovodrun(hosts_file, args, cooldown=None):
            *(["--blacklist-cooldown-range", *map(str, cooldown)] if cooldown else []),
            sys.executable, "lm_ptb_elastic.py", *args]
     env = script_env({"ELASTIC_HOSTS": str(hosts_file),
-                      "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+                      "PATH": bin_dir + os.pathsep + os.environ["PATH"], **(env or {})})
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

@@ -170,6 +170,33 @@ def test_a_new_rank_0_keeps_the_checkpoints_saved_before_it(ptb_path, two_hosts,
         ["ckpt-1", "ckpt-2", "ckpt-3"]
 
 
+def test_a_frozen_worker_is_waited_for_through_the_reset_and_both_go_on(ptb_path, two_hosts,
+                                                                          tmp_path):
+    """A worker stopped (SIGSTOP) for longer than Gloo's timeout and the step timeout together:
+    its peer's collective fails at Gloo's 5 s and it resets, waiting for the driver; the step's
+    10 s watchdog no longer ends it there (it did: the frozen worker went on alone). When the
+    stopped one goes on, both reset and the job finishes at 2 workers, in one launch."""
+    out = str(tmp_path / "run")
+    job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out,
+                                 "--set", "step_timeout_s=10"],
+                     env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
+    try:
+        wait_for(progress_at(out, 1, 30), "progress in epoch 1", job)
+        frozen = worker_pid("127.0.0.1")
+        os.kill(frozen, signal.SIGSTOP)
+        time.sleep(20)
+        os.kill(frozen, signal.SIGCONT)
+        rc, output = finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert rc == 0, output[-3000:]
+    assert "did not finish in" not in output, output[-3000:]
+    resets = events(out, "reset")
+    assert resets and resets[0]["workers_before"] == resets[0]["workers_after"] == 2, resets
+    assert [e["epoch"] for e in events(out, "epoch")] == [1, 2, 3]
+
+
 def chief_is(host):
     """Whether the worker the driver started for `host` is rank 0."""
     pid = worker_pid(host)
