@@ -42,7 +42,7 @@ STEP_TIMEOUT_S = 20  # the trainer's watchdog (--set step_timeout_s)
 COOLDOWN_S = (2, 4)  # horovodrun's --blacklist-cooldown-range: a failed host may come back
 LOG_EVERY = 10
 COMMIT_EVERY = 20  # checkpoint_every: a reset or a relaunch loses at most this many steps
-STEPS_PER_FAULT = 400  # the job's length: enough for a fault, its recovery and a gap
+STEPS_PER_FAULT = 350  # the job's length: enough for a fault, its recovery and a gap
 GAP_S = (1, 4)  # seconds of training at full size between one fault's recovery and the next
 EPOCHS = 3
 DISK_MB = 64
@@ -362,9 +362,9 @@ def writing(pid, folder):
 
 def schedule(kinds, each, minutes, rng):
     """The faults in order: each kind `each` times, more (random kinds) to fill the minutes at
-    about one fault per 20 s, shuffled."""
+    about two faults a minute (a fault, its recovery and a gap take 20-40 s here), shuffled."""
     faults = [k for k in kinds for _ in range(each)]
-    while kinds and len(faults) < minutes * 3:
+    while kinds and len(faults) < minutes * 2:
         faults.append(rng.choice(kinds))
     rng.shuffle(faults)
     return faults
