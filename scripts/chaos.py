@@ -274,7 +274,8 @@ class Faults:
                         still = writing(pid, folder)
                         os.kill(pid, signal.SIGKILL)
                         when = "writing" if still else "just after writing"
-                        return f"pid {pid} on {host}, {when} {os.path.relpath(still or path, folder)}"
+                        name = os.path.relpath(still or path, folder)
+                        return f"pid {pid} on {host}, {when} {name}"
                 time.sleep(0.001)
         return None
 
@@ -461,10 +462,10 @@ def run(opts):
         shutil.rmtree(workdir, ignore_errors=True)
     reference = os.path.join(tempfile.mkdtemp(prefix="ptb-chaos-ref-"), "run")
     say("the uninterrupted run: lm_ptb_distributed.py, 2 ranks, the same arguments")
+    args = trainer_args(opts.data_path, per_epoch, EPOCHS)
     r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-                        "-bind-to", "none", sys.executable, "lm_ptb_distributed.py",
-                        *trainer_args(opts.data_path, per_epoch, EPOCHS), "--output_dir", reference],
-                       cwd=REPO, capture_output=True, text=True)
+                        "-bind-to", "none", sys.executable, "lm_ptb_distributed.py", *args,
+                        "--output_dir", reference], cwd=REPO, capture_output=True, text=True)
     report["reference"] = [e for e in events(reference) if e["event"] == "epoch"]
     report["reference_rc"] = r.returncode
     shutil.rmtree(os.path.dirname(reference), ignore_errors=True)

@@ -43,26 +43,26 @@ def test_the_launch_agent_takes_ssh_options_before_and_after_the_host():
     assert r.returncode == 0 and address in r.stdout and "192.0.2.1" not in r.stdout, r
 
 
+def run_chaos(ptb_path, results, *args, timeout):
+    """scripts/chaos.py (elastic) with these arguments; its report."""
+    need_root()
+    r = subprocess.run([sys.executable, "scripts/chaos.py", "--data_path", ptb_path,
+                        "--minutes", "0", "--results", str(results), *args],
+                       cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+    return json.loads(next(results.glob("chaos-elastic-seed*.json")).read_text())
+
+
 def test_elastic_training_runs_across_two_namespace_hosts(ptb_path, tmp_path):
     """horovodrun's elastic driver on host a starts a worker on host b through the ssh stand-in;
     Gloo carries their collectives over the link between the namespaces. Without patch 07
     Horovod's process-set context binds to the loopback and hvd.init() aborts."""
-    need_root()
-    r = subprocess.run([sys.executable, "scripts/chaos.py", "--data_path", ptb_path,
-                        "--faults", "", "--minutes", "0", "--results", str(tmp_path)],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    report = json.loads(next(tmp_path.glob("chaos-elastic-seed*.json")).read_text())
+    report = run_chaos(ptb_path, tmp_path, "--faults", "", timeout=600)
     epochs = [e for e in report["events"] if e["event"] == "epoch"]
     assert [e["world_sizes"] for e in epochs] == [[2]] * chaos.EPOCHS, epochs
 
 
 def test_the_short_schedule_one_fault_of_each_kind_passes_every_check(ptb_path, tmp_path):
-    need_root()
-    r = subprocess.run([sys.executable, "scripts/chaos.py", "--data_path", ptb_path,
-                        "--each", "1", "--minutes", "0", "--results", str(tmp_path)],
-                       cwd=REPO, capture_output=True, text=True, timeout=1500)
-    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
-    report = json.loads(next(tmp_path.glob("chaos-elastic-seed*.json")).read_text())
+    report = run_chaos(ptb_path, tmp_path, "--each", "1", timeout=1500)
     assert sorted(f["kind"] for f in report["faults"]) == sorted(chaos.KINDS)
     assert all(report["checks"].values()) and len(report["checks"]) == 7

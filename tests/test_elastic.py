@@ -1,6 +1,7 @@
 """lm_ptb_elastic.py under a real Horovod elastic driver (horovodrun), with two "hosts" on this
 machine: the driver treats localhost and 127.0.0.1 as two hosts, as Horovod's own elastic tests
 do. Workers are lost to SIGKILL, and the discovery script lists the hosts from a file."""
+import contextlib
 import os
 import signal
 import time
@@ -50,6 +51,23 @@ def progress_at(run_dir, epoch, step):
                        for e in events(run_dir, "progress"))
 
 
+@contextlib.contextmanager
+def ended(job):
+    """The job, whose whole session is killed if the test leaves it running."""
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def frozen_for(pid, seconds, meanwhile=lambda: None):
+    os.kill(pid, signal.SIGSTOP)
+    meanwhile()
+    time.sleep(seconds)
+    os.kill(pid, signal.SIGCONT)
+
+
 def finish(job, timeout=300):
     return helpers.finish(job, timeout)[:2]
 
@@ -64,9 +82,10 @@ def two_hosts(tmp_path):
 def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, two_hosts,
                                                                       tmp_path):
     out = str(tmp_path / "run")
+    # a failed host may come back after 1-2 seconds
     job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out],
-                     cooldown=(1, 2))  # a failed host may come back after this many seconds
-    try:
+                     cooldown=(1, 2))
+    with ended(job):
         # a step logged past the commit at step 40: a reset goes back to 40
         wait_for(progress_at(out, 1, 50), "progress in epoch 1", job)
         killed_at = time.time()
@@ -83,15 +102,10 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
         # (CI, world sizes [2, 1, 1, 1]). So the survivor is held meanwhile; the driver's note
         # that the host is back waits in its socket (Horovod's client sets no timeout) and is
         # read at SIGCONT, before the survivor's next commit.
-        survivor = worker_pid("localhost")
-        os.kill(survivor, signal.SIGSTOP)
-        list_hosts(two_hosts, "localhost:1", "127.0.0.1:1")
-        time.sleep(8)  # 4x the cooldown's upper end, plus the driver's discovery each second
-        os.kill(survivor, signal.SIGCONT)
+        # 4x the cooldown's upper end, plus the driver's discovery each second
+        frozen_for(worker_pid("localhost"), 8,
+                   meanwhile=lambda: list_hosts(two_hosts, "localhost:1", "127.0.0.1:1"))
         rc, output = finish(job)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
     assert rc == 0, output[-3000:]
     epochs = events(out, "epoch")
     assert [e["epoch"] for e in epochs] == [1, 2, 3], epochs
@@ -125,15 +139,11 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
 def test_the_last_worker_lost_ends_the_job_and_resume_continues(ptb_path, two_hosts, tmp_path):
     out = str(tmp_path / "run")
     args = [*ARGS, "--data_path", ptb_path, "--output_dir", out, "--set", "num_epochs=2"]
-    job = horovodrun(two_hosts, args)
-    try:
+    with ended(horovodrun(two_hosts, args)) as job:
         wait_for(progress_at(out, 1, 40), "progress in epoch 1", job)
         os.kill(worker_pid("localhost"), signal.SIGKILL)
         os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)
         rc, output = finish(job, timeout=120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
     assert rc != 0, output[-3000:]
     assert "Horovod detected that one or more processes exited with non-zero status" in output
     assert not events(out, "epoch")
@@ -151,7 +161,7 @@ def test_a_new_rank_0_keeps_the_checkpoints_saved_before_it(ptb_path, two_hosts,
     in for a damaged newer one); read at the start, before it existed, it would be dropped."""
     out = str(tmp_path / "run")
     job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out])
-    try:
+    with ended(job):
         wait_for(lambda: os.path.exists(os.path.join(out, "checkpoints", "ckpt-1.index")) and
                  progress_at(out, 2, 10)(), "progress in epoch 2", job)
         first_chief = next(h for h in ("localhost", "127.0.0.1") if chief_is(h))
@@ -159,9 +169,6 @@ def test_a_new_rank_0_keeps_the_checkpoints_saved_before_it(ptb_path, two_hosts,
         list_hosts(two_hosts, f"{survivor}:1")
         os.kill(worker_pid(first_chief), signal.SIGKILL)
         rc, output = finish(job)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
     assert rc == 0, output[-3000:]
     assert [e["epoch"] for e in events(out, "epoch")] == [1, 2, 3]
     import tensorflow as tf
@@ -180,16 +187,10 @@ def test_a_frozen_worker_is_waited_for_through_the_reset_and_both_go_on(ptb_path
     job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out,
                                  "--set", "step_timeout_s=10"],
                      env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
-    try:
+    with ended(job):
         wait_for(progress_at(out, 1, 30), "progress in epoch 1", job)
-        frozen = worker_pid("127.0.0.1")
-        os.kill(frozen, signal.SIGSTOP)
-        time.sleep(20)
-        os.kill(frozen, signal.SIGCONT)
+        frozen_for(worker_pid("127.0.0.1"), 20)
         rc, output = finish(job)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
     assert rc == 0, output[-3000:]
     assert "did not finish in" not in output, output[-3000:]
     resets = events(out, "reset")
