@@ -249,6 +249,7 @@ class Faults:
         return self.signal(signal.SIGTERM)
 
     def stop(self):
+        self.both_hosts()  # a freeze with no peer to wait for it would test nothing
         pid, host = self.pick_worker()
         if pid is None:
             return None
@@ -328,7 +329,7 @@ class Faults:
 
     def both_hosts(self, within_s=60):
         """The hosts with a worker, after waiting up to within_s for both to have one (a fault
-        of the link or of the host list needs two workers to mean anything)."""
+        of the link or of the host list, or a freeze, needs two workers to mean anything)."""
         deadline = time.monotonic() + within_s
         while len(set(self.job.workers().values())) < 2 and time.monotonic() < deadline \
                 and self.job.alive():
@@ -545,7 +546,7 @@ def per_fault(report):
         back = [b for b in (resumed_at(line, per_epoch) for line in lines) if b is not None]
         fault["rolled_back"] = max([0] + [before - b for b in back])
         after = [t for t in report["progress_times"] if t > start]
-        fault["to_progress_s"] = (min(after) - fault["ended"]) if after and min(after) < end \
+        fault["to_progress_s"] = (min(after) - fault["time"]) if after and min(after) < end \
             else None
     return faults
 
@@ -555,7 +556,7 @@ def verdict(report):
     faults = per_fault(report)
     kinds = sorted({f["kind"] for f in faults}, key=list(KINDS).index)
     say("| fault | injected | with a line of the trainer's | steps rolled back | "
-        "s from its end to training again: median, max |")
+        "s from the fault to training again: median, max |")
     say("| --- | --- | --- | --- | --- |")
     for kind in kinds:
         mine = [f for f in faults if f["kind"] == kind]
@@ -603,6 +604,13 @@ def verdict(report):
     return all(checks.values())
 
 
+def saved(report):
+    """The report as written to results/: the epochs and the test instead of every event."""
+    kept = {k: v for k, v in report.items() if k not in ("events", "progress_times")}
+    kept["epochs"] = [e for e in report["events"] if e["event"] in ("epoch", "test")]
+    return kept
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launcher", choices=("elastic", "mpirun"), default="elastic")
@@ -631,8 +639,8 @@ def main(argv=None):
         os.makedirs(opts.results, exist_ok=True)
         path = os.path.join(opts.results, f"chaos-{opts.launcher}-seed{opts.seed}")
         say(f"report: {path}.json, this text: {path}.log")
-        with open(path + ".json", "w") as f:
-            json.dump(report, f, indent=1, default=str)
+        with open(path + ".json", "w") as f:  # all but the raw events and progress times
+            json.dump(saved(report), f, indent=1, default=str)
         with open(path + ".log", "w") as f:
             f.write("\n".join(SAID) + "\n")
     return 0 if ok else 1

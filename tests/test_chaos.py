@@ -58,7 +58,7 @@ def test_elastic_training_runs_across_two_namespace_hosts(ptb_path, tmp_path):
     Gloo carries their collectives over the link between the namespaces. Without patch 07
     Horovod's process-set context binds to the loopback and hvd.init() aborts."""
     report = run_chaos(ptb_path, tmp_path, "--faults", "", timeout=600)
-    epochs = [e for e in report["events"] if e["event"] == "epoch"]
+    epochs = [e for e in report["epochs"] if e["event"] == "epoch"]
     assert [e["world_sizes"] for e in epochs] == [[2]] * chaos.EPOCHS, epochs
 
 
