@@ -223,6 +223,7 @@ class Faults:
 
     def __init__(self, job, rng, tmpfs):
         self.job, self.rng, self.tmpfs = job, rng, tmpfs
+        self.was = None  # set by a fault that came out as another kind
 
     def pick_worker(self, timeout=120):
         deadline = time.monotonic() + timeout
@@ -297,7 +298,9 @@ class Faults:
                     os.kill(new[0], signal.SIGKILL)
                 return f"pid {first_pid} on {host}, then its replacement pid {new[0]}"
             time.sleep(0.1)
-        return f"pid {first_pid} on {host}; no replacement started within 90 s"
+        # only the first kill happened: count it as a kill, and try this kind again later
+        self.was = "kill"
+        return f"pid {first_pid} on {host} (kill_in_reset: the job ended or no replacement came)"
 
     def link(self, seconds):
         if not self.both_hosts():
@@ -430,7 +433,11 @@ def run(opts):
                 if pending and job.recovered(since, pending[0][1]):
                     kind, gap = pending.pop(0)
                     moment, before = time.time(), position(job.out)
+                    inject.was = None
                     what = getattr(inject, kind)()
+                    if inject.was:  # it came out as another kind: this one again later
+                        pending.insert(0, (kind, gap))
+                        kind = inject.was
                     since = time.time()
                     if what is None:  # the job ended first: again once it is back
                         pending.insert(0, (kind, gap))
