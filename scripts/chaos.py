@@ -15,6 +15,7 @@ is whole, and every fault had a line of the trainer's own on the console. docs/r
 """
 import argparse
 import contextlib
+import glob
 import json
 import os
 import random
@@ -149,7 +150,7 @@ class Job:
 
     def workers(self):
         """{pid: host address} of the run's training processes (found by their output folder)."""
-        inodes = {twohosts_inode(ns): address for ns, address, _ in self.hosts}
+        inodes = {netns_inode(ns): address for ns, address, _ in self.hosts}
         found = {}
         script = b"lm_ptb_elastic.py" if self.launcher == "elastic" else b"lm_ptb_distributed.py"
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -184,7 +185,7 @@ class Job:
 _inodes = {}
 
 
-def twohosts_inode(ns):
+def netns_inode(ns):
     if ns not in _inodes:
         _inodes[ns] = subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
                                      capture_output=True, text=True, check=True).stdout.strip()
@@ -210,12 +211,6 @@ def position(out):
     """(epoch, step) of the newest progress line, or None."""
     progress = [(e["epoch"], e["step"]) for e in events(out) if e["event"] == "progress"]
     return progress[-1] if progress else None
-
-
-def progress_after(out, moment):
-    """The time of the first progress line logged after `moment`, or None."""
-    times = [e["time"] for e in events(out) if e["event"] == "progress" and e["time"] > moment]
-    return min(times) if times else None
 
 
 class Faults:
@@ -482,7 +477,6 @@ def run(opts):
 
 def check_checkpoints(out):
     """{checkpoint prefix: None if it loads, else the error}, for every one on disk."""
-    import glob
     found = {}
     code = ("import sys, tensorflow as tf\n"
             "for p in sys.argv[1:]:\n"
