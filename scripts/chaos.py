@@ -512,7 +512,10 @@ def metrics_whole(out):
     return problems
 
 
-TOLERANCE = 0.02  # relative, on the final valid perplexity; why: docs/reliability.md
+# Relative, on the final valid perplexity (why: docs/reliability.md). mpirun relaunches resume
+# with the same 2 ranks, exactly; elastic switches between 1 and 2 workers, whose summation
+# orders differ, so its trajectory is as far from the uninterrupted one as another seed's.
+TOLERANCE = {"mpirun": 0.001, "elastic": 0.03}
 
 
 def global_step(epoch, step, per_epoch):
@@ -572,6 +575,7 @@ def verdict(report):
         say(f"final valid perplexity {final:.2f}, uninterrupted {ref:.2f} "
             f"({(final / ref - 1) * 100:+.2f} %); {report['launches']} launches, "
             f"{report['wall_s'] / 60:.1f} min")
+    tolerance = TOLERANCE[report["launcher"]]
     short = [k for k in report["kinds"] if sum(f["kind"] == k for f in faults) < report["each"]]
     silent = [f"{f['kind']} at {f['before']}" for f in faults
               if not f["lines"] and f["kind"] != "link_blip"]
@@ -581,8 +585,8 @@ def verdict(report):
         "the job finished its epochs": report["returncode"] == 0 and
             [e["epoch"] for e in epochs] == list(range(1, EPOCHS + 1)) and
             any(e["event"] == "test" for e in report["events"]),
-        f"the final valid perplexity is the uninterrupted run's within {TOLERANCE:.0%}":
-            bool(final and ref) and abs(final / ref - 1) <= TOLERANCE,
+        f"the final valid perplexity is the uninterrupted run's within {tolerance:.1%}":
+            bool(final and ref) and abs(final / ref - 1) <= tolerance,
         "no process of the run is left": not report["leftovers"],
         "every checkpoint on disk loads": all(v is None for v in report["checkpoints"].values()),
         "metrics.jsonl parses line by line, each step once, in order": not report["metrics_whole"],
