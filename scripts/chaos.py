@@ -89,6 +89,7 @@ class Job:
         os.symlink(os.path.join(REPO, "scripts", "netns_rsh"), os.path.join(self.ssh_dir, "ssh"))
         self.lines = []  # (time, line) of the trainer's own, from every launch
         self.proc, self.launches = None, 0
+        self.inodes = {twohosts.netns_inode(ns): address for ns, address, _ in hosts}
         self.progress_times = set()  # every progress line's time, kept though a reset drops it
         threading.Thread(target=self._watch_progress, daemon=True).start()
         self.list_hosts(*(address for _, address, _ in hosts))
@@ -150,7 +151,6 @@ class Job:
 
     def workers(self):
         """{pid: host address} of the run's training processes (found by their output folder)."""
-        inodes = {netns_inode(ns): address for ns, address, _ in self.hosts}
         found = {}
         script = b"lm_ptb_elastic.py" if self.launcher == "elastic" else b"lm_ptb_distributed.py"
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -163,7 +163,7 @@ class Job:
             # the interpreter running the script itself, not the launchers and shells around it
             if cmdline[1:2] == [script] and self.out.encode() in cmdline \
                     and twohosts.alive(int(pid)):
-                found[int(pid)] = inodes.get(inode, "?")
+                found[int(pid)] = self.inodes.get(inode, "?")
         return found
 
     def leftovers(self):
@@ -180,16 +180,6 @@ class Job:
         for pid in self.leftovers():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-_inodes = {}
-
-
-def netns_inode(ns):
-    if ns not in _inodes:
-        _inodes[ns] = subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
-                                     capture_output=True, text=True, check=True).stdout.strip()
-    return _inodes[ns]
 
 
 def events(out):

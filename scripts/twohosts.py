@@ -170,6 +170,12 @@ def tx_bytes(host):
     return int(out)
 
 
+def netns_inode(ns):
+    """The namespace's identity, as /proc/PID/ns/net of a process in it reads."""
+    return subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 def netns_of(hosts):
     """The map scripts/netns_rsh reads: "ADDRESS=NAMESPACE ..."."""
     return " ".join(f"{address}={ns}" for ns, address, _ in hosts)

@@ -155,11 +155,6 @@ def hosts():
         yield made
 
 
-def netns_inode(ns):
-    return subprocess.run(["ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-
-
 def test_launch_agent_finds_each_pair_of_hosts_by_its_map_not_by_address():
     need_root()
     agent = os.path.join(REPO, "scripts", "netns_rsh")
@@ -169,7 +164,8 @@ def test_launch_agent_finds_each_pair_of_hosts_by_its_map_not_by_address():
             for ns, address, _ in pair:
                 r = subprocess.run([agent, address, "readlink", "/proc/self/ns/net"], env=env,
                                    capture_output=True, text=True, timeout=30)
-                assert r.returncode == 0 and r.stdout.strip() == netns_inode(ns), r.stderr
+                inode = twohosts.netns_inode(ns)
+                assert r.returncode == 0 and r.stdout.strip() == inode, r.stderr
         r = subprocess.run([agent, "192.0.2.9", "true"], capture_output=True, text=True,
                            env={**os.environ, "NETNS_OF": twohosts.netns_of(first)}, timeout=30)
     assert r.returncode == 255 and r.stderr.count("\n") == 1
@@ -269,7 +265,7 @@ def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = {p: (marker / p).read_text().strip() for p in ("rank0", "rank1")}
-    namespaces = [netns_inode(ns) for ns, _, _ in hosts]
+    namespaces = [twohosts.netns_inode(ns) for ns, _, _ in hosts]
     assert ranks == {"rank0": namespaces[0], "rank1": namespaces[1]} and len(set(namespaces)) == 2
     test_event = events(out, "test")[0]
     # 20 steps of the tiny model: better than the untrained model's perplexity, the vocabulary
