@@ -3,8 +3,10 @@
 lm_ptb_elastic.py runs under horovodrun's elastic driver on two "hosts", network namespaces of
 this machine joined by a veth link (scripts/twohosts.py; root needed), its output on a small
 tmpfs; or, with --launcher mpirun, lm_ptb_distributed.py under mpirun on the same two hosts,
-relaunched with --resume after each failure as a scheduler would. Faults come at training steps
-drawn from a seed (printed), each kind at least --each times. Then it checks: the epochs all
+relaunched with --resume after each failure as a scheduler would. Faults come one at a time, each
+once the job trains again after the one before and a gap; their order and gaps drawn from a seed
+(printed), each kind at least --each times. A job that finishes with faults still to come is
+relaunched for one more epoch (the reference trains as many). Then it checks: the epochs all
 ran, the final valid perplexity is the uninterrupted run's (lm_ptb_distributed.py, the same
 global batches), no process of the run is left, every checkpoint on disk loads, metrics.jsonl
 is whole, and every fault had a line of the trainer's own on the console. docs/reliability.md.
@@ -58,6 +60,8 @@ KINDS = {
                      ("elastic", "mpirun")),
     "kill_in_reset": ("SIGKILL of a worker, then of the worker the driver starts to replace it "
                       "while the job resets to take it in", ("elastic",)),
+    "blip_in_reset": ("SIGKILL of the worker on the driver's host, then the link down for 3 s "
+                      "at the other worker's end while it rejoins", ("elastic",)),
     "link_blip": ("the link down for 2 s, under every timeout", ("elastic", "mpirun")),
     "link_cut": (f"the link down for {GLOO_TIMEOUT_S + STEP_TIMEOUT_S + 10} s, longer than "
                  "every timeout", ("elastic", "mpirun")),
@@ -82,6 +86,7 @@ class Job:
 
     def __init__(self, launcher, hosts, out, args, workdir):
         self.launcher, self.hosts, self.out, self.args = launcher, hosts, out, args
+        self.epochs = EPOCHS  # one more for each relaunch after an end with faults to come
         self.hosts_file = os.path.join(workdir, "hosts.txt")
         self.console = open(os.path.join(workdir, "console.log"), "w")
         self.ssh_dir = os.path.join(workdir, "bin")
@@ -102,7 +107,8 @@ class Job:
 
     def command(self):
         resume = ["--resume"] if self.launches else []
-        trainer = [*self.args, "--output_dir", self.out, *resume]
+        trainer = [*self.args, "--set", f"num_epochs={self.epochs}", "--output_dir", self.out,
+                   *resume]
         if self.launcher == "mpirun":
             return twohosts.mpirun_command(self.hosts, trainer)
         ns_a = self.hosts[0][0]
@@ -287,6 +293,24 @@ class Faults:
         self.was = "kill"
         return f"pid {first_pid} on {host} (kill_in_reset: the job ended or no replacement came)"
 
+    def blip_in_reset(self):
+        """The survivor of a kill rejoins through the driver's rendezvous on the other host,
+        across a link that is down for a moment (Horovod patch 08)."""
+        if len(self.both_hosts()) < 2:
+            return None
+        driver_host, other = self.job.hosts
+        pids = [p for p, h in self.job.workers().items() if h == driver_host[1]]
+        if not pids:
+            return None
+        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(0.5)  # the closed connection reaches the survivor: its collective fails
+        twohosts.set_link(other, up=False)  # its connects fail at once, none waits
+        try:
+            time.sleep(3)
+        finally:
+            twohosts.set_link(other, up=True)
+        return f"pid {pids[0]} on {driver_host[1]}, then {other[1]}'s end of the link for 3 s"
+
     def link(self, seconds):
         if not self.both_hosts():
             return None
@@ -360,9 +384,9 @@ def schedule(kinds, each, minutes, rng):
     return faults
 
 
-def trainer_args(data_path, per_epoch, epochs):
+def trainer_args(data_path, per_epoch):
     return ["--config", TINY, "--data_path", data_path, "--log_every", str(LOG_EVERY),
-            "--set", f"steps_per_epoch={per_epoch}", "--set", f"num_epochs={epochs}",
+            "--set", f"steps_per_epoch={per_epoch}",
             "--set", "eval_steps=50", "--set", f"checkpoint_every={COMMIT_EVERY}",
             "--set", f"step_timeout_s={STEP_TIMEOUT_S}"]
 
@@ -387,82 +411,104 @@ def run(opts):
     kinds = [k for k in opts.faults if opts.launcher in KINDS[k][1]]
     faults = schedule(kinds, opts.each, opts.minutes, rng)
     per_epoch = -(-(len(faults) + 1) * STEPS_PER_FAULT // EPOCHS)
-    total_steps = per_epoch * EPOCHS
     gaps = [rng.uniform(*GAP_S) for _ in faults]
     say(f"seed {opts.seed}, launcher {opts.launcher}, {len(faults)} faults over "
-        f"{total_steps} steps: " + ", ".join(faults))
+        f"{per_epoch * EPOCHS} steps: " + ", ".join(faults))
     workdir = tempfile.mkdtemp(prefix="ptb-chaos-")
-    report = {"env": env, "seed": opts.seed, "launcher": opts.launcher, "total_steps": total_steps,
-              "steps_per_epoch": per_epoch,
-              "faults": [], "launches": 0}
+    report = {"env": env, "seed": opts.seed, "launcher": opts.launcher,
+              "steps_per_epoch": per_epoch, "faults": [], "launches": 0}
     try:
         with twohosts.two_hosts(device_name=NIC) as hosts, \
                 small_disk(os.path.join(workdir, "out")) as out:
-            args = trainer_args(opts.data_path, per_epoch, EPOCHS)
-            job = Job(opts.launcher, hosts, os.path.join(out, "run"), args, workdir)
-            inject = Faults(job, rng, out)
+            job = Job(opts.launcher, hosts, os.path.join(out, "run"),
+                      trainer_args(opts.data_path, per_epoch), workdir)
             started = time.time()
-            job.start()
-            since = time.time()
-            pending = list(zip(faults, gaps))
-            deadline = time.monotonic() + opts.minutes * 60 * 4 + 600
-            while time.monotonic() < deadline:
-                if not job.alive():
-                    if job.proc.returncode == 0:
-                        break
-                    say(f"the job ended with status {job.proc.returncode}: relaunched with "
-                        "--resume, as a scheduler would")
-                    job.end()  # nothing of it may stay (a worker on the other host)
-                    job.start()
-                    continue
-                if pending and job.recovered(since, pending[0][1]):
-                    kind, gap = pending.pop(0)
-                    moment, before = time.time(), position(job.out)
-                    inject.was = None
-                    what = getattr(inject, kind)()
-                    if inject.was:  # it came out as another kind: this one again later
-                        pending.insert(0, (kind, gap))
-                        kind = inject.was
-                    since = time.time()
-                    if what is None:  # the job ended first: again once it is back
-                        pending.insert(0, (kind, gap))
-                        continue
-                    say(f"{kind} at epoch {before[0]} step {before[1]}: {what}" if before else
-                        f"{kind} before the first progress line: {what}")
-                    report["faults"].append({"kind": kind, "time": moment,
-                                             "what": what, "ended": since, "before": before})
-                    continue
-                time.sleep(0.2)
-            else:
-                say("the run did not finish in time")
-            report["launches"] = job.launches
-            report["wall_s"] = time.time() - started
-            report["not_injected"] = [k for k, _ in pending]
+            pending = drive(job, Faults(job, rng, out), list(zip(faults, gaps)), report,
+                            deadline=time.monotonic() + opts.minutes * 60 * 4 + 600)
+            report.update(wall_s=time.time() - started, launches=job.launches,
+                          not_injected=[k for k, _ in pending], num_epochs=job.epochs)
             job.end()
             time.sleep(1)
-            report["leftovers"] = job.leftovers()
-            report["lines"] = job.lines
-            report["events"] = events(job.out)
-            report["progress_times"] = sorted(job.progress_times)
-            report["checkpoints"] = check_checkpoints(job.out)
-            report["metrics_whole"] = metrics_whole(job.out)
-            report["returncode"] = job.proc.returncode
+            report.update(leftovers=job.leftovers(), lines=job.lines, events=events(job.out),
+                          progress_times=sorted(job.progress_times),
+                          checkpoints=check_checkpoints(job.out),
+                          metrics_whole=metrics_whole(job.out), returncode=job.proc.returncode)
     finally:
         if opts.results:  # the whole console (horovodrun's, mpirun's, the trainer's lines)
             os.makedirs(opts.results, exist_ok=True)
             shutil.copy(os.path.join(workdir, "console.log"), os.path.join(
                 opts.results, f"chaos-{opts.launcher}-seed{opts.seed}.console.log"))
         shutil.rmtree(workdir, ignore_errors=True)
+    report["total_steps"] = per_epoch * report["num_epochs"]
+    report["reference"], report["reference_rc"] = uninterrupted(
+        [*trainer_args(opts.data_path, per_epoch),
+         "--set", f"num_epochs={report['num_epochs']}"])
+    return report
+
+
+def drive(job, inject, pending, report, deadline):
+    """Runs the job to its end, relaunching it after each failure and injecting the pending
+    (fault, gap) in turn; the ones it could not inject."""
+    job.start()
+    since = time.time()
+    while time.monotonic() < deadline:
+        if not job.alive():
+            if job.proc.returncode == 0 and not pending:
+                return pending
+            if job.proc.returncode == 0:
+                # A lone worker trains the tiny model at ~100 steps/s here: while a fault
+                # waits for the driver to grow the job back, the last steps can run out.
+                if job.epochs == 2 * EPOCHS:
+                    return pending
+                job.epochs += 1
+                say(f"the job finished with {len(pending)} faults still to come: relaunched "
+                    f"with --resume for one more epoch, {job.epochs} in all")
+            else:
+                say(f"the job ended with status {job.proc.returncode}: relaunched with "
+                    "--resume, as a scheduler would")
+            job.end()  # nothing of it may stay (a worker on the other host)
+            job.start()
+            continue
+        if pending and job.recovered(since, pending[0][1]):
+            since = inject_next(job, inject, pending, report)
+            continue
+        time.sleep(0.2)
+    say("the run did not finish in time")
+    return pending
+
+
+def inject_next(job, inject, pending, report):
+    """Injects the first pending fault (put back if it did not happen or came out as another
+    kind); the time it ended."""
+    kind, gap = pending.pop(0)
+    moment, before = time.time(), position(job.out)
+    inject.was = None
+    what = getattr(inject, kind)()
+    if inject.was:  # it came out as another kind: this one again later
+        pending.insert(0, (kind, gap))
+        kind = inject.was
+    ended = time.time()
+    if what is None:  # the job ended first: again once it is back
+        pending.insert(0, (kind, gap))
+        return ended
+    say(f"{kind} at epoch {before[0]} step {before[1]}: {what}" if before else
+        f"{kind} before the first progress line: {what}")
+    report["faults"].append({"kind": kind, "time": moment, "what": what, "ended": ended,
+                             "before": before})
+    return ended
+
+
+def uninterrupted(args):
+    """The reference: the same training without faults, 2 ranks under mpirun; its epoch events
+    and exit status."""
     reference = os.path.join(tempfile.mkdtemp(prefix="ptb-chaos-ref-"), "run")
     say("the uninterrupted run: lm_ptb_distributed.py, 2 ranks, the same arguments")
-    args = trainer_args(opts.data_path, per_epoch, EPOCHS)
     r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
                         "-bind-to", "none", sys.executable, "lm_ptb_distributed.py", *args,
                         "--output_dir", reference], cwd=REPO, capture_output=True, text=True)
-    report["reference"] = [e for e in events(reference) if e["event"] == "epoch"]
-    report["reference_rc"] = r.returncode
+    epochs = [e for e in events(reference) if e["event"] == "epoch"]
     shutil.rmtree(os.path.dirname(reference), ignore_errors=True)
-    return report
+    return epochs, r.returncode
 
 
 def check_checkpoints(out):
@@ -573,7 +619,7 @@ def verdict(report):
         "every fault of the schedule injected, each kind at least --each times":
             not report["not_injected"] and not short,
         "the job finished its epochs": report["returncode"] == 0 and
-            [e["epoch"] for e in epochs] == list(range(1, EPOCHS + 1)) and
+            [e["epoch"] for e in epochs] == list(range(1, report["num_epochs"] + 1)) and
             any(e["event"] == "test" for e in report["events"]),
         f"the final valid perplexity is the uninterrupted run's within {tolerance:.1%}":
             bool(final and ref) and abs(final / ref - 1) <= tolerance,
