@@ -295,21 +295,33 @@ class Faults:
 
     def blip_in_reset(self):
         """The survivor of a kill rejoins through the driver's rendezvous on the other host,
-        across a link that is down for a moment (Horovod patch 08)."""
+        across a link that is down for a moment (Horovod patch 08). The survivor is held
+        (SIGSTOP) while the dead worker's connections close, so that it finds them closed only
+        once the link is down, and its rejoin falls inside the blip."""
         if len(self.both_hosts()) < 2:
             return None
         driver_host, other = self.job.hosts
-        pids = [p for p, h in self.job.workers().items() if h == driver_host[1]]
-        if not pids:
+        workers = self.job.workers()
+        dead = [p for p, h in workers.items() if h == driver_host[1]]
+        survivor = [p for p, h in workers.items() if h == other[1]]
+        if not dead or not survivor:
             return None
-        os.kill(pids[0], signal.SIGKILL)
-        time.sleep(0.5)  # the closed connection reaches the survivor: its collective fails
-        twohosts.set_link(other, up=False)  # its connects fail at once, none waits
+        os.kill(survivor[0], signal.SIGSTOP)
+        try:
+            os.kill(dead[0], signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while twohosts.alive(dead[0]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # its connections' ends reach the survivor's kernel
+            twohosts.set_link(other, up=False)  # at the survivor's end: its connects fail at once
+        finally:
+            os.kill(survivor[0], signal.SIGCONT)
         try:
             time.sleep(3)
         finally:
             twohosts.set_link(other, up=True)
-        return f"pid {pids[0]} on {driver_host[1]}, then {other[1]}'s end of the link for 3 s"
+        return (f"pid {dead[0]} on {driver_host[1]}, then {other[1]}'s end of the link for "
+                f"3 s as pid {survivor[0]} rejoins")
 
     def link(self, seconds):
         if not self.both_hosts():

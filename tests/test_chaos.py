@@ -1,5 +1,6 @@
 """scripts/chaos.py: its schedule and parsing by hand, elastic training across two network-namespace
-hosts (patch 07's regression test), and the short schedule: one fault of each kind, every check."""
+hosts (patch 07's regression test), a rejoin across a link blip (patch 08's), and the short
+schedule: one fault of each kind, every check."""
 import json
 import os
 import random
@@ -60,6 +61,17 @@ def test_elastic_training_runs_across_two_namespace_hosts(ptb_path, tmp_path):
     report = run_chaos(ptb_path, tmp_path, "--faults", "", timeout=600)
     epochs = [e for e in report["epochs"] if e["event"] == "epoch"]
     assert [e["world_sizes"] for e in epochs] == [[2]] * chaos.EPOCHS, epochs
+
+
+def test_a_worker_rejoining_across_a_3_s_link_blip_goes_on_in_the_same_job(ptb_path, tmp_path):
+    """The worker on the driver's host killed, the survivor's end of the link down for 3 s as
+    it rejoins (chaos.py's blip_in_reset). Without patch 08 its rendezvous gave up after 3
+    HTTP tries in 1.5 s and aborted (exit 134): the job ended and had to be relaunched."""
+    report = run_chaos(ptb_path, tmp_path, "--faults", "blip_in_reset", "--each", "1",
+                       timeout=600)
+    assert [f["kind"] for f in report["faults"]] == ["blip_in_reset"], report["faults"]
+    assert report["launches"] == 1, "the job ended: " + "; ".join(report["faults"][0]["lines"])
+    assert any("reset | workers 2 → 1" in line for line in report["faults"][0]["lines"])
 
 
 def test_the_short_schedule_one_fault_of_each_kind_passes_every_check(ptb_path, tmp_path):
