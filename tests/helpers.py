@@ -57,6 +57,19 @@ def finish(job, timeout=300):
     return job.returncode, out, err
 
 
+def term_once_saved(job, checkpoint, timeout=120):
+    """SIGTERM to a job once `checkpoint` exists (a preemption right after that save); waits for
+    it to stop. Fails with its stderr if it ends first or the save does not come in time."""
+    import signal
+    import time
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(checkpoint):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    job.communicate(timeout=60)
+
+
 def list_hosts(path, *hosts):
     """What the discovery script prints from now on (replaced whole: it may read at any time)."""
     (path.parent / "hosts.tmp").write_text("".join(f"{h}\n" for h in hosts))

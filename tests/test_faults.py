@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.helpers import IS_ROOT, REPO, TINY, finish, mpirun, run_script
+from tests.helpers import (IS_ROOT, REPO, TINY, finish, mpirun, run_script,
+                           term_once_saved)
 
 
 def snapshot(folder):
@@ -410,13 +411,7 @@ def test_resuming_with_fewer_steps_per_epoch_than_the_checkpoints_step_is_one_li
             "--set", "steps_per_epoch=300", "--set", "checkpoint_every=20", "--log_every", "20"]
     job = subprocess.Popen([sys.executable, "lm_ptb.py", *args], cwd=REPO, text=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    saved = os.path.join(out, "checkpoints", "steps", "ckpt-40.index")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(saved):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
-        time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)
-    job.communicate(timeout=60)
+    term_once_saved(job, os.path.join(out, "checkpoints", "steps", "ckpt-40.index"))
     r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=30"]))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert re.search(

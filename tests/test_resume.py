@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.helpers import (REPO, TINY, events, horovodrun, list_hosts, mpirun, run_script,
-                           script_env)
+                           script_env, term_once_saved)
 
 DROPOUT = ["--config", TINY, "--set", "keep_prob=0.5", "--set", "steps_per_epoch=20",
            "--set", "eval_steps=2", "--seed", "3", "--log_every", "1"]
@@ -262,13 +262,7 @@ def test_two_ranks_stopped_during_validation_both_validate_at_the_resume(ptb_pat
            "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
     job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, env=script_env())
-    saved = os.path.join(out, "checkpoints", "ckpt-1.index")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(saved):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
-        time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)
-    job.communicate(timeout=60)
+    term_once_saved(job, os.path.join(out, "checkpoints", "ckpt-1.index"))
     assert not events(out, "epoch")  # stopped inside validation
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
