@@ -63,15 +63,21 @@ def test_elastic_training_runs_across_two_namespace_hosts(ptb_path, tmp_path):
     assert [e["world_sizes"] for e in epochs] == [[2]] * chaos.EPOCHS, epochs
 
 
-def test_a_worker_rejoining_across_a_3_s_link_blip_goes_on_in_the_same_job(ptb_path, tmp_path):
+def test_a_worker_rejoining_across_a_3_s_link_blip_does_not_abort(ptb_path, tmp_path):
     """The worker on the driver's host killed, the survivor's end of the link down for 3 s as
     it rejoins (chaos.py's blip_in_reset). Without patch 08 its rendezvous gave up after 3
-    HTTP tries in 1.5 s and aborted (exit 134): the job ended and had to be relaunched."""
+    HTTP tries in 1.5 s and aborted (exit 134, "HTTP request failed."): the job ended."""
     report = run_chaos(ptb_path, tmp_path, "--faults", "blip_in_reset", "--each", "1",
                        timeout=600)
     assert [f["kind"] for f in report["faults"]] == ["blip_in_reset"], report["faults"]
-    assert report["launches"] == 1, "the job ended: " + "; ".join(report["faults"][0]["lines"])
-    assert any("reset | workers 2 → 1" in line for line in report["faults"][0]["lines"])
+    lines = report["faults"][0]["lines"]
+    assert any("reset | workers 2 → 1" in line for line in lines), lines
+    # Not the job's launches: on a loaded machine the driver may take the killed worker's host
+    # back (after its 2-4 s cooldown) into the survivor's rejoin, and a replacement slower to
+    # start than Gloo's 15 s ends the job another way, which a relaunch then carries on.
+    console = next(tmp_path.glob("chaos-elastic-seed*.console.log")).read_text()
+    aborts = [line for line in console.splitlines() if "HTTP request failed" in line]
+    assert not aborts, aborts
 
 
 def test_the_short_schedule_one_fault_of_each_kind_passes_every_check(ptb_path, tmp_path):
