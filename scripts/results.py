@@ -7,7 +7,8 @@
         of steps, timed only. `make reproduce` keeps its run as "running" until it is "full"
     python scripts/results.py build      # = make results
         rewrites the table between the results markers in README.md, results/README.md (the
-        full table and every run's provenance), results/runs/*.png and docs/network.md's table
+        full table and every run's provenance), results/runs/*.png (fp32 and bf16 curves) and
+        docs/network.md's table
 """
 import json
 import os
@@ -231,17 +232,30 @@ def provenance(runs):
     return lines
 
 
+def curves(runs):
+    """Per config with 2 or more epochs to draw: its longest fp32 runs (2 workers, then 1
+    process), then its longest bf16 run, so a bf16 row's curve sits beside the fp32 epochs."""
+    found = {}
+    for name, pair in longest_runs(fp32_only(runs)).items():
+        bf16 = [r for r in runs if precision(r) == "bf16" and r["config"]["name"] == name
+                and r["kind"] != "bounded"]
+        drawn = pair + ([max(bf16, key=epoch_count)] if bf16 else [])
+        if any(epoch_count(r) > 1 for r in drawn):
+            found[name] = drawn
+    return found
+
+
 def plots(runs):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    curves = {name: pair for name, pair in longest_runs(runs).items()  # a curve: 2+ epochs
-              if any(epoch_count(r) > 1 for r in pair)}
-    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4), squeeze=False)
-    for ax, (name, pair) in zip(axes[0], curves.items()):
-        for r in pair:
+    drawn = curves(runs)
+    fig, axes = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4), squeeze=False)
+    for ax, (name, chosen) in zip(axes[0], drawn.items()):
+        for r in chosen:
             epochs = [e for e in r["events"] if e["event"] == "epoch"]
-            label = f"{r['workers']} worker{'s' if r['workers'] > 1 else ''}"
+            label = f"{r['workers']} worker{'s' if r['workers'] > 1 else ''}" + (
+                ", bf16" if precision(r) == "bf16" else "")
             ax.plot([e["epoch"] for e in epochs], [e["train_ppl"] for e in epochs], "--",
                     label=f"train, {label}")
             ax.plot([e["epoch"] for e in epochs], [e["valid_ppl"] for e in epochs], "-o",
@@ -256,7 +270,7 @@ def plots(runs):
     for name in CONFIGS:
         points = sorted((r["workers"], statistics.median(
             [e["wps"] for e in r["events"] if e["event"] == "progress"][1:] or [0]))
-            for r in runs if r["config"]["name"] == name and r["kind"] == "bounded")
+            for r in fp32_only(runs) if r["config"]["name"] == name and r["kind"] == "bounded")
         if points:
             ax.plot(*zip(*points), "-o", label=name.replace("config_", ""))
     ax.set(xlabel="workers (one host, 2 cores)", ylabel="words/sec", xticks=[1, 2],
@@ -416,6 +430,8 @@ def results_readme(runs):
         "steps of an epoch and scale them to a full epoch.", "",
         *table(fp32_only(runs)), "", "![perplexity per epoch](runs/perplexity.png) "
         "![words/sec against workers](runs/wps.png)", "",
+        "Per epoch: the longest fp32 runs of each config, and its longest bf16 run beside them.",
+        "",
         "Epoch by epoch, the longest 2-worker run of each config against its longest one-process "
         "run (difference: 2 workers relative to one process):", "",
         *epoch_by_epoch(fp32_only(runs)), "",
@@ -429,7 +445,7 @@ def build():
     runs = load_all()
     if not runs:
         sys.exit("error: no runs under results/runs/; record some first")
-    plots(fp32_only(runs))
+    plots(runs)
     path = os.path.join(REPO, "README.md")
     with open(path) as f:
         text = f.read()

@@ -170,6 +170,19 @@ def test_the_bf16_table_sets_each_epoch_beside_the_fp32_runs_same_epoch():
         "| small | 2 | test | 141.40 | 140.00 | +1.00 % |"]
 
 
+def test_the_curves_set_the_longest_bf16_run_beside_the_fp32_ones_of_its_config():
+    fp32 = run("partial", 1, [epoch(n, 300.0, 200.0, 900.0) for n in (1, 2, 3)])
+    short, longer = (bf16(run("partial", 1, [epoch(n, 290.0, 190.0, 600.0) for n in range(1, k)]))
+                     for k in (3, 6))
+    assert results.curves([fp32, short, longer]) == {"config_small": [fp32, longer]}
+    # bf16 alone is drawn too; one epoch of each is no curve; bounded runs are not drawn
+    assert results.curves([longer]) == {"config_small": [longer]}
+    one = run("partial", 1, [epoch(1, 300.0, 200.0, 900.0)])
+    assert results.curves([one, bf16(one)]) == {}
+    bounded = bf16(run("bounded", 1, [epoch(n, 1.0, 1.0, 1.0) for n in (1, 2)]))
+    assert results.curves([fp32, bounded]) == {"config_small": [fp32]}
+
+
 def test_no_file_under_results_is_ignored_by_git():
     # a run folder that .gitignore swallows is in the README's table here and missing from a clone
     files = [os.path.join(root, name) for root, _, names in os.walk(os.path.join(REPO, "results"))
