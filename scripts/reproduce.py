@@ -13,6 +13,7 @@ results table reads into results/runs/<size>-<NP>workers/ (kind "running" while 
 (its times per epoch are not those of an idle machine then), for the provenance.
 """
 import argparse
+import datetime
 import json
 import os
 import shlex
@@ -22,7 +23,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from data.ptb import DataError, check_shardable  # noqa: E402
-from scripts.record_env import record  # noqa: E402
+from scripts.record_env import cpu_model, record  # noqa: E402
 from utils import config  # noqa: E402
 
 EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
@@ -83,15 +84,20 @@ def trainer_command(args, run_dir):
 def start(args):
     """Goes to the background once main() has checked the config and the worker count, and
     watches the job for its first seconds, so a run that cannot start says so here."""
-    run_dir, _ = names(args)
+    run_dir, results_dir = names(args)
     pid = running(run_dir)
     if pid:
         print(f"reproduce: already running (mpirun pid {pid}); "
               f"`make reproduce-status CONFIG={args.config}` says where it is")
         return 0
+    resume = holds_a_run(run_dir)
+    if not resume:
+        problem = set_aside_lost_attempt(run_dir, results_dir)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     os.makedirs(run_dir, exist_ok=True)
     command = trainer_command(args, run_dir)
-    resume = holds_a_run(run_dir)
     if resume:
         command.append("--resume")
     env = record()
@@ -114,9 +120,51 @@ def start(args):
               f"run the same command again (the whole output: {shown(run_dir)}/train.log)",
               file=sys.stderr)
         return 1
-    print(f"reproduce: {'resumed' if resume else 'started'} {args.config} with {args.np} workers "
+    print(f"reproduce: {'resumed' if resume else 'started'} {args.config} with {args.np} worker"
+          f"{'s' if args.np > 1 else ''} "
           f"in the background (pid {job.pid}); log {shown(run_dir)}/train.log")
     return 0
+
+
+def output_dir(command):
+    """The --output_dir of a recorded trainer command."""
+    words = shlex.split(command)
+    return words[words.index("--output_dir") + 1]
+
+
+def set_aside_lost_attempt(run_dir, results_dir):
+    """Before a start from epoch 0: logs in results_dir of an earlier start whose run folder,
+    checkpoints and all, is gone (it was on a machine that ended) are a lost attempt: they move
+    to a folder of their own as a partial run, so the new run's logs do not overwrite them.
+    Returns a problem to report instead if that run's folder still exists elsewhere (RUNS
+    pointing at another disk than at its start: resuming it is what was meant)."""
+    path = os.path.join(results_dir, "run.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        run = json.load(f)
+    if run.get("kind") == "full" or not run.get("segments"):
+        return None  # a finished run is replaced by a new one's logs, as a reproduction should
+    first = run["segments"][0]
+    earlier = output_dir(first["command"])
+    if os.path.abspath(earlier) != os.path.abspath(run_dir) and holds_a_run(earlier):
+        return (f"{shown(results_dir)} is the run in {earlier}, not in {shown(run_dir)}; "
+                "continue it with the RUNS it started with (its parent's parent), or move "
+                f"{shown(results_dir)} aside to start another")
+    epochs = sum(e["event"] == "epoch" for e in events(results_dir))
+    stamp = first["started_utc"].replace(" ", "-").replace(":", "")
+    lost = f"{results_dir}-lost-{stamp}"
+    run["kind"] = "partial"
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    run["lost"] = (f"after {epochs} epochs: no checkpoint of it at a start on {now} UTC "
+                   f"({cpu_model()}); its run folder {earlier} ended with its machine")
+    os.rename(results_dir, lost)
+    with open(os.path.join(lost, "run.json"), "w") as f:
+        json.dump(run, f, indent=1)
+    print(f"reproduce: no checkpoint of the earlier run ({epochs} epochs, started "
+          f"{first['started_utc']} UTC, folder {earlier}); its logs are kept as a partial run in "
+          f"{shown(lost)}, and this run starts again from epoch 0")
+    return None
 
 
 def holds_a_run(run_dir):

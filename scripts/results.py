@@ -136,6 +136,9 @@ def row_runs(runs):
     by = {}
     for r in runs:
         key = (r["config"]["name"], r["kind"], r["workers"])
+        if key in by and (r.get("lost") or by[key].get("lost")):
+            by[key] = max(by[key], r, key=epoch_count)  # attempts lost with their machine
+            continue
         if key in by:
             sys.exit(f"error: results/runs/{by[key]['name']} and results/runs/{r['name']} are "
                      f"both a {r['kind']} run of {key[0]} with {key[2]} worker(s); remove the "
@@ -224,6 +227,8 @@ def provenance(runs):
     for r in sorted(runs, key=lambda r: r["name"]):
         env = r["env"]
         note = sittings(r) if r.get("segments") else r.get("note")
+        if r.get("lost"):
+            note += f". Lost {r['lost']}"
         lines.append(f"- `results/runs/{r['name']}` ({r['kind']}, {r['workers']} worker"
                      f"{'s' if r['workers'] > 1 else ''}; {env['date_utc']} UTC, {env['cpu']}, "
                      f"{env['cores']} cores, TF {env['tensorflow']}, Horovod {env['horovod']}, "
@@ -340,16 +345,23 @@ def precision(run):
 
 
 def card_run(runs, name):
-    """The run a config's README row shows: the card's command (2 workers) over the whole
-    schedule, done or running; else one process's; else the longest partial run. Within each of
-    these the run with most epochs, and of two as far, the fp32 one (the paper's precision)."""
+    """The run a config's README row shows: a finished run of the card's command (2 workers),
+    else of one process; else the run that got furthest, running or stopped (one started again
+    after its first attempt was lost with a machine shows once it passes that attempt). Of two
+    as far: 2 workers, then the running one, then fp32 (the paper's precision)."""
     trained = [r for r in runs if r["config"]["name"] == name and r["kind"] != "bounded"]
-    for kinds, workers in ((("full", "running"), 2), (("full", "running"), 1),
-                           (("partial",), 2), (("partial",), 1)):
-        found = [r for r in trained if r["kind"] in kinds and r["workers"] == workers]
-        if found:
-            return max(found, key=lambda r: (epoch_count(r), precision(r) == "fp32"))
-    return None
+    for workers in (2, 1):
+        full = [r for r in trained if r["kind"] == "full" and r["workers"] == workers]
+        if full:
+            return max(full, key=lambda r: precision(r) == "fp32")
+    return max(trained, default=None, key=lambda r: (
+        epoch_count(r), r["workers"] == 2, r["kind"] == "running", precision(r) == "fp32"))
+
+
+def running_beside(runs, name, shown):
+    """The config's running run, if the row shows another one (a lost attempt that got further)."""
+    return next((r for r in runs if r["config"]["name"] == name and r["kind"] == "running"
+                 and r is not shown), None)
 
 
 def epochs_cell(run, name):
@@ -361,7 +373,8 @@ def epochs_cell(run, name):
         hours = (total - done) * epoch_time(run) / 3600 if done else None
         return (f"{done} of {total}, running" + (f" ({workers})" if run["workers"] == 1 else "")
                 + (f", ETA ≈ {hours:.0f} h" if hours else ""))
-    return f"{done} of {total} ({workers}, partial)"
+    return f"{done} of {total} ({workers}, partial)" + ("; its machine ended" if run.get("lost")
+                                                           else "")
 
 
 def paper_table(runs):
@@ -378,7 +391,10 @@ def paper_table(runs):
         run2, run1 = (r if r and epoch_count(r) else None  # timed: with an epoch done
                       for r in (longest_trained(alike, name, 2), longest_trained(alike, name, 1)))
         t2, t1 = (r and epoch_time(r) for r in (run2, run1))
-        cells = [epochs_cell(run, name), *(fmt(last(run, event, key), ".2f") for event, key in (
+        again = running_beside(runs, name, run)
+        again = again and (f"; started again in {precision(again)}: {epoch_count(again)} of "
+                           f"{paper_epochs(name)}")
+        cells = [epochs_cell(run, name) + (again or ""), *(fmt(last(run, event, key), ".2f") for event, key in (
             ("epoch", "train_ppl"), ("epoch", "valid_ppl"), ("test", "test_ppl"))),
             fmt(t2, ".0f", " s"), fmt(t1, ".0f", " s"),
             " / ".join(map(str, PUBLISHED[name])), machine([run, run1, run2])]

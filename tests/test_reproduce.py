@@ -145,3 +145,51 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def lost_attempt(results_dir, earlier_run_dir, kind="partial"):
+    """results_dir as `make reproduce-status` left it for a run started in earlier_run_dir and
+    stopped after 2 epochs (hand-made)."""
+    results_dir.mkdir(parents=True)
+    command = f"mpirun -np 1 python lm_ptb_distributed.py --output_dir {earlier_run_dir}"
+    segment = {"started_utc": "2026-11-25 10:17", "cpu": "AMD EPYC", "cores": 2,
+               "commit": "abc1234", "epochs_done_at_start": 0, "command": command}
+    (results_dir / "run.json").write_text(json.dumps(
+        {"kind": kind, "command": command, "segments": [segment], "env": {}}))
+    (results_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"event": "epoch", "epoch": n, "valid_ppl": 100.0}) + "\n" for n in (1, 2)))
+
+
+def test_a_start_that_finds_no_checkpoint_keeps_the_lost_attempts_logs_apart(tmp_path):
+    from scripts.reproduce import set_aside_lost_attempt
+    results_dir, run_dir = tmp_path / "results" / "tiny-1workers", tmp_path / "runs" / "tiny-np1"
+    lost_attempt(results_dir, tmp_path / "gone" / "tiny-np1")  # its machine, and folder, ended
+    assert set_aside_lost_attempt(str(run_dir), str(results_dir)) is None
+    kept = tmp_path / "results" / "tiny-1workers-lost-2026-11-25-1017"
+    assert not results_dir.exists() and len((kept / "metrics.jsonl").read_text().splitlines()) == 2
+    run = json.load(open(kept / "run.json"))
+    assert run["kind"] == "partial" and run["lost"].startswith("after 2 epochs: no checkpoint of "
+                                                               "it at a start on "), run["lost"]
+    # a finished run is the one a new start reproduces: its logs are not a lost attempt
+    lost_attempt(results_dir, tmp_path / "gone" / "tiny-np1", kind="full")
+    assert set_aside_lost_attempt(str(run_dir), str(results_dir)) is None
+    assert json.load(open(results_dir / "run.json"))["kind"] == "full"
+
+
+def test_a_start_beside_the_runs_folder_of_the_run_it_means_refuses_and_moves_nothing(
+        corpus, tmp_path):
+    """RUNS forgotten at a later sitting: the run's folder still exists elsewhere, so starting a
+    new run over its logs would be the mistake; the start says where the run is."""
+    earlier = tmp_path / "keep" / "tiny-np2"
+    earlier.mkdir(parents=True)
+    (earlier / "metrics.jsonl").write_text("{}\n")
+    results_dir = tmp_path / "results" / "tiny-2workers"
+    lost_attempt(results_dir, earlier)
+    r = subprocess.run([sys.executable, "scripts/reproduce.py", "start", "--config", TINY,
+                        "--data_path", corpus, "--runs_dir", str(tmp_path / "runs"),
+                        "--results_dir", str(tmp_path / "results")],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: {results_dir} is the run in {earlier}, not in "), r.stderr
+    assert json.load(open(results_dir / "run.json"))["kind"] == "partial"
+    assert not (tmp_path / "runs").exists()

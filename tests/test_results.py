@@ -159,6 +159,24 @@ def test_the_readme_row_is_fp32_where_both_precisions_ran_and_says_bf16_where_on
     assert len(results.table(results.fp32_only([fast, fp32]))) == 3
 
 
+def test_an_attempt_lost_with_its_machine_stays_the_row_until_the_new_run_passes_it():
+    env = {"cpu": "AMD EPYC", "cores": 2}
+    lost = bf16(dict(run("partial", 1, [epoch(n, 290.0, 190.0 - n, 600.0) for n in (1, 2, 3)]),
+                     env=env, lost="after 3 epochs: ..."))
+    again = dict(run("running", 1, [epoch(1, 300.0, 200.0, 900.0)]), env=env)
+    assert results.paper_table([lost, again])[2].startswith(
+        "| small, bf16 | 3 of 13 (1 process, partial); its machine ended; started again in "
+        "fp32: 1 of 13 | 290.00 | 187.00 | — | — | 600 s |")
+    again["events"] = [epoch(n, 300.0, 100.0, 900.0) for n in (1, 2, 3, 4)]
+    assert results.paper_table([lost, again])[2].startswith(
+        "| small | 4 of 13, running (1 process), ETA ≈ 2 h | 300.00 | 100.00 |")
+    # two lost attempts of one row: the results table shows the one that got further
+    shorter = dict(run("partial", 1, [epoch(1, 300.0, 200.0, 900.0)]), lost="after 1 epoch")
+    longer = dict(run("partial", 1, [epoch(n, 290.0, 190.0, 600.0) for n in (1, 2, 3)]),
+                  name="small-1-lost-2", lost="after 3 epochs")
+    assert [r[2] for r in results.row_runs([shorter, longer])] == [longer]
+
+
 def test_the_bf16_table_sets_each_epoch_beside_the_fp32_runs_same_epoch():
     fp32 = run("full", 2, [epoch(1, 300.0, 200.0, 60.0), epoch(2, 200.0, 150.0, 60.0),
                            {"event": "test", "test_ppl": 140.0}])
