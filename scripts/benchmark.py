@@ -548,75 +548,10 @@ def write_result(result, path):
     print(f"  written to {path}")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true",
-                   help="fewer steps, one round, no large rows; under 4 minutes")
-    p.add_argument("--tune", nargs="?", const="small", choices=SIZES,
-                   help="only Horovod's settings for 2 ranks on this host, for one config (small "
-                        "if none: about 15 minutes; large: 12 to 35, by CPU)")
-    p.add_argument("--ceiling", action="store_true",
-                   help="only the fp32 matmul rates the ceiling is taken from (under a minute)")
-    p.add_argument("--floor", action="store_true",
-                   help="only each config's matmuls timed alone, in fp32 and in bf16, the least "
-                        "time a train step could take here, against the ceilings (about 4 "
-                        "minutes)")
-    p.add_argument("--profile-layer", action="store_true",
-                   help="only where one medium LSTM layer's time goes (under a minute)")
-    p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
-    p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
-    p.add_argument("--peer_python", default=os.path.join(REPO, ".venv-peer", "bin", "python"),
-                   help="interpreter with PyTorch for the peer rows ('' to leave them out)")
-    p.add_argument("--against", default="",
-                   help="another venv's interpreter (another TensorFlow, say: make venv-tf2.15): "
-                        "the trainer rows run by it too, in turns with ours, and their ratios")
-    args = p.parse_args(argv)
-    sizes = ("small", "medium") if args.quick else SIZES
-    # steps a run, at 10 steps a window (the first one, tracing, left out)
-    # (quick: enough for the bound's 2 copies to run together for seconds on the fastest CPU)
-    steps = {"small": 300, "medium": 60} if args.quick else \
-        {"small": 600, "medium": 100, "large": 60}
-    py = [sys.executable]
-    mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
-              "--oversubscribe", "-bind-to", "none"]
-    dist = [sys.executable, "lm_ptb_distributed.py"]
-    cores = len(os.sched_getaffinity(0))
-    if args.tune:
-        return write_result(tune(args, (py, mpirun, dist)), args.out)
-    if args.ceiling:
-        rates = matmul_gflops(matmul_shapes())
-        print(f"fp32 matmul, {cores} cores, {cpu_model()}; GFLOP/s, median of 10")
-        for shape, rate in rates.items():
-            print(f"  {shape:<28} {rate:6.0f}")
-        for label, value in ceiling_rows(rates):
-            print(f"  {label}  {value}")
-        return write_result({"cores": cores, "cpu": cpu_model(), "matmul_gflops": max(rates.values()),
-                             "matmul_gflops_by_shape": rates}, args.out)
-    if args.floor:
-        print(f"a train step's matmuls alone, fp32 and bf16, {cores} cores, {cpu_model()}; ms, "
-              "medians of 5 rounds in turns")
-        rows, result = [], {"cores": cores, "cpu": cpu_model()}
-        for dtype in ("fp32", "bf16"):
-            rates = matmul_gflops(matmul_shapes(), dtype=dtype)
-            gflops = max(rates.values())
-            prefix = "" if dtype == "fp32" else "bf16_"
-            rows += ceiling_rows(rates, dtype)
-            result[f"{prefix}matmul_gflops"] = gflops
-            for size in SIZES:
-                cfg = config.load_config(f"config_{size}")
-                floor = result[f"{size}_{prefix}matmul_floor_ms"] = matmul_floor(cfg, dtype=dtype)
-                rows += floor_rows(f"{size}{', bf16' if prefix else ''}", floor, gflops, cfg)
-        width = max(len(r[0]) for r in rows)
-        for label, value in rows:
-            print(f"  {label:<{width}}  {value}")
-        return write_result(result, args.out)
-    if args.profile_layer:
-        print(f"one medium LSTM layer (20 x 35 x 650), {cores} cores, {cpu_model()}; ms, median "
-              "of 15, parts timed in turns")
-        for name, ms in layer_profile().items():
-            print(f"  {name:<72} {ms:6.1f}")
-        return None
-
+def measure_all(args, sizes, steps, launchers, cores):
+    """The full benchmark (or --quick): the ceilings, floors, profiles and every trainer row in
+    rounds, and the ratios between rows; the result that write_result keeps."""
+    py, mpirun, dist = launchers
     from utils.training import bf16_units
     peer = find_peer(args.peer_python)
     against = other_stack(args.against) if args.against else None
@@ -695,6 +630,19 @@ def main(argv=None):
         result[f"{size}_2ranks_vs_no_allreduce"] = median_ratio(rounds, two, no_allreduce)
     result["small_2_vs_1_rank_speedup"] = median_ratio(rounds, "small_2ranks_1thread",
                                                        "small_1rank_1thread")
+    result["rounds"] = n_rounds
+    return result
+
+
+def report_rows(result, sizes):
+    """(label, value) rows of a full or quick result, as printed: from the result alone, so a
+    kept result (results/bench/*.json) gives its rows again."""
+    peer = "layer_vs_pytorch" in result
+    against = result.get("against", {}).get("stack")
+    rates, rates_bf16 = result["matmul_gflops_by_shape"], result["bf16_matmul_gflops_by_shape"]
+    gflops, gflops_bf16 = result["matmul_gflops"], result["bf16_matmul_gflops"]
+    evaluation, profile = result["valid_eval_cost"], result["small_step_profile_ms"]
+    ablation = result["ablation_fwd_bwd_ms"]
     rows = ceiling_rows(rates) + ceiling_rows(rates_bf16, "bf16") + [
         ("bf16 units of this CPU (/proc/cpuinfo)", ", ".join(result["bf16_units"]) or
          "none: bf16 is emulated")]
@@ -762,10 +710,84 @@ def main(argv=None):
                          f" wps: {ratio:.2f}x"))
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
     rows += [(f"fwd+bwd {name}", f"{ms:.1f} ms") for name, ms in ablation.items()]
-    width = max(len(r[0]) for r in rows)
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help="fewer steps, one round, no large rows; under 4 minutes")
+    p.add_argument("--tune", nargs="?", const="small", choices=SIZES,
+                   help="only Horovod's settings for 2 ranks on this host, for one config (small "
+                        "if none: about 15 minutes; large: 12 to 35, by CPU)")
+    p.add_argument("--ceiling", action="store_true",
+                   help="only the fp32 matmul rates the ceiling is taken from (under a minute)")
+    p.add_argument("--floor", action="store_true",
+                   help="only each config's matmuls timed alone, in fp32 and in bf16, the least "
+                        "time a train step could take here, against the ceilings (about 4 "
+                        "minutes)")
+    p.add_argument("--profile-layer", action="store_true",
+                   help="only where one medium LSTM layer's time goes (under a minute)")
+    p.add_argument("--data_path", default=DEFAULT_DATA_PATH)
+    p.add_argument("--out", default=os.path.join(REPO, "runs", "bench.json"))
+    p.add_argument("--peer_python", default=os.path.join(REPO, ".venv-peer", "bin", "python"),
+                   help="interpreter with PyTorch for the peer rows ('' to leave them out)")
+    p.add_argument("--against", default="",
+                   help="another venv's interpreter (another TensorFlow, say: make venv-tf2.15): "
+                        "the trainer rows run by it too, in turns with ours, and their ratios")
+    args = p.parse_args(argv)
+    sizes = ("small", "medium") if args.quick else SIZES
+    # steps a run, at 10 steps a window (the first one, tracing, left out)
+    # (quick: enough for the bound's 2 copies to run together for seconds on the fastest CPU)
+    steps = {"small": 300, "medium": 60} if args.quick else \
+        {"small": 600, "medium": 100, "large": 60}
+    py = [sys.executable]
+    mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+              "--oversubscribe", "-bind-to", "none"]
+    dist = [sys.executable, "lm_ptb_distributed.py"]
+    cores = len(os.sched_getaffinity(0))
+    if args.tune:
+        return write_result(tune(args, (py, mpirun, dist)), args.out)
+    if args.ceiling:
+        rates = matmul_gflops(matmul_shapes())
+        print(f"fp32 matmul, {cores} cores, {cpu_model()}; GFLOP/s, median of 10")
+        for shape, rate in rates.items():
+            print(f"  {shape:<28} {rate:6.0f}")
+        for label, value in ceiling_rows(rates):
+            print(f"  {label}  {value}")
+        return write_result({"cores": cores, "cpu": cpu_model(), "matmul_gflops": max(rates.values()),
+                             "matmul_gflops_by_shape": rates}, args.out)
+    if args.floor:
+        print(f"a train step's matmuls alone, fp32 and bf16, {cores} cores, {cpu_model()}; ms, "
+              "medians of 5 rounds in turns")
+        rows, result = [], {"cores": cores, "cpu": cpu_model()}
+        for dtype in ("fp32", "bf16"):
+            rates = matmul_gflops(matmul_shapes(), dtype=dtype)
+            gflops = max(rates.values())
+            prefix = "" if dtype == "fp32" else "bf16_"
+            rows += ceiling_rows(rates, dtype)
+            result[f"{prefix}matmul_gflops"] = gflops
+            for size in SIZES:
+                cfg = config.load_config(f"config_{size}")
+                floor = result[f"{size}_{prefix}matmul_floor_ms"] = matmul_floor(cfg, dtype=dtype)
+                rows += floor_rows(f"{size}{', bf16' if prefix else ''}", floor, gflops, cfg)
+        width = max(len(r[0]) for r in rows)
+        for label, value in rows:
+            print(f"  {label:<{width}}  {value}")
+        return write_result(result, args.out)
+    if args.profile_layer:
+        print(f"one medium LSTM layer (20 x 35 x 650), {cores} cores, {cpu_model()}; ms, median "
+              "of 15, parts timed in turns")
+        for name, ms in layer_profile().items():
+            print(f"  {name:<72} {ms:6.1f}")
+        return None
+
+    result = measure_all(args, sizes, steps, (py, mpirun, dist), cores)
     print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores, {cpu_model()}, "
-          f"{len(rounds)} round{'s' if len(rounds) > 1 else ''}; ratios are medians of "
-          "within-round ratios)")
+          f"{result['rounds']} round{'s' if result['rounds'] > 1 else ''}; ratios are medians "
+          "of within-round ratios)")
+    rows = report_rows(result, sizes)
+    width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")
     write_result(result, args.out)

@@ -1,0 +1,42 @@
+"""scripts/benchmark.py's arithmetic and its report, without running the benchmark: a kept
+result gives the very table its run printed, and the FLOPs and floor rows against hand
+computation."""
+import json
+import os
+
+from scripts import benchmark
+from tests.helpers import REPO
+
+KEPT = os.path.join(REPO, "results", "bench", "bench-full-bf16-0946")
+
+
+def test_the_report_of_a_kept_result_is_the_table_its_run_printed():
+    """make bench of 2026-11-25 09:46 (every row: peer, bf16, 3 rounds) kept its JSON and its
+    output: the rows made from the JSON alone are the lines it printed, in order."""
+    with open(KEPT + ".json") as f:
+        result = json.load(f)
+    with open(KEPT + ".log") as f:
+        log = f.read().splitlines()
+    start = next(i for i, line in enumerate(log) if line.startswith("benchmark (full, "))
+    end = next(i for i, line in enumerate(log) if line.startswith("  written to "))
+    rows = benchmark.report_rows(result, benchmark.SIZES)
+    width = max(len(label) for label, _ in rows)
+    assert [f"  {label:<{width}}  {value}" for label, value in rows] == log[start + 1:end]
+
+
+def test_flops_per_word_counts_the_lstm_and_softmax_products_forward_and_backward():
+    # small: 2 layers of h=200; per word forward, each layer's gates are a (2h x 4h) product
+    # (2 * 400 * 800 = 640,000 FLOPs) and the softmax a (h x 10,000) one (4,000,000 FLOPs);
+    # the backward pass is twice the forward: 3 x (2 x 640,000 + 4,000,000)
+    assert benchmark.flops_per_word({"hidden_size": 200, "num_layers": 2}) == 15_840_000
+    # large: 2 x 2 x 3000 x 6000 + 2 x 1500 x 10,000 = 102,000,000, x 3
+    assert benchmark.flops_per_word({"hidden_size": 1500, "num_layers": 2}) == 306_000_000
+
+
+def test_a_floor_row_is_the_rate_a_step_of_just_its_matmuls_would_reach():
+    # a step of 20 x 35 words at 15.84 MFLOP each is 11.088 GFLOP; in 22.176 ms that is
+    # 500 GFLOP/s, half of a 1,000 GFLOP/s ceiling
+    cfg = {"hidden_size": 200, "num_layers": 2, "batch_size": 20, "num_steps": 35}
+    assert benchmark.floor_row("small", {"step floor": 22.176}, 1000.0, cfg) == (
+        "small, a train step's matmuls alone (the floor)",
+        "22.2 ms = 500 GFLOP/s: at most 50 % of ceiling")
