@@ -9,6 +9,9 @@ output to <run>/train.log, and records the start (time, commit, CPU, command) as
 `status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
 results table reads into results/runs/<size>-<NP>workers/ (kind "running" while it runs,
 "partial" when stopped before its last epoch, "full" when done), ready to commit. Checkpoints stay in runs/ (about 80 MB for medium; not in git).
+A start that finds no run folder where results/ holds an unfinished run's logs (its machine
+ended, checkpoints and all) moves those logs to <row>-lost-<its start>/, a partial run, and
+starts from epoch 0; if that run's folder exists under another --runs_dir, it refuses instead.
 `shared "what"` records in the current segment what else ran on the machine beside the run
 (its times per epoch are not those of an idle machine then), for the provenance.
 """
