@@ -8,6 +8,7 @@ import sys
 import time
 
 from tests.helpers import REPO, TINY
+from utils.logs import IN_EPOCH
 
 
 def reproduce(action, tmp_path, corpus, *more):
@@ -35,6 +36,8 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     rc, out = reproduce("start", tmp_path, corpus)
     assert rc == 0 and "started" in out and time.monotonic() - started < 30, out
     wait_for(lambda: (run_dir / "checkpoints" / "ckpt-1.index").exists(), "first checkpoint")
+    # checkpoints inside the epoch too (every 100 steps of its 800), so a stop loses little
+    assert list((run_dir / "checkpoints" / IN_EPOCH).glob("*.index")), "no in-epoch checkpoint"
     os.killpg(int((run_dir / "pid").read_text()), signal.SIGKILL)  # the machine is taken away
     wait_for(lambda: "stopped" in reproduce("status", tmp_path, corpus)[1], "stopped status", 30)
     # stopped before its last epoch, with nothing running it: a partial run, not a running one
