@@ -75,10 +75,16 @@ def full_epoch_steps(cfg):
     return (TRAIN_TOKENS // cfg["batch_size"] - 1) // cfg["num_steps"]
 
 
+def whole_epoch_s(event):
+    """An epoch event's seconds; for an epoch resumed inside it (from a step checkpoint), those
+    of its steps run since, scaled to all its steps."""
+    return event["epoch_time_s"] * event.get("steps", 1) / event.get("steps_run", 1)
+
+
 def epoch_time(run):
     """Median seconds per epoch: measured epochs, or step time x steps of a full epoch."""
     if run["kind"] != "bounded":
-        return statistics.median(e["epoch_time_s"] for e in run["events"] if e["event"] == "epoch")
+        return statistics.median(whole_epoch_s(e) for e in run["events"] if e["event"] == "epoch")
     progress = [e for e in run["events"] if e["event"] == "progress"]
     step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"])
               for a, b in zip(progress, progress[1:]) if b["step"] > a["step"]]

@@ -30,7 +30,14 @@ def test_bounded_time_is_the_median_step_time_times_the_steps_of_a_full_epoch():
     assert abs(results.epoch_time(timed) - 1.2 * 2323) < 1e-6  # steps of 1.0, 1.2, 1.8 s
 
 
-def test_a_full_row_shows_both_runs_last_epoch_and_the_speedup_from_median_epoch_times():
+def test_an_epoch_resumed_inside_it_counts_its_time_scaled_to_all_its_steps():
+    # 100 s for the last 250 of 1,000 steps: a 400 s epoch, the median of 380, 400 and 420
+    resumed = dict(epoch(2, 90.0, 95.0, 100.0), steps_run=250, steps=1000)
+    r = run("partial", 1, [epoch(1, 99.0, 99.0, 380.0), resumed, epoch(3, 80.0, 85.0, 420.0)])
+    assert results.epoch_time(r) == 400.0
+
+
+
     single = run("full", 1, [epoch(0, 90.0, 95.0, 70.0), epoch(1, 51.0, 61.0, 90.0),
                              epoch(2, 51.0, 61.0, 80.0), {"event": "test", "test_ppl": 59.0}])
     dist = run("full", 2, [epoch(0, 91.0, 96.0, 100.0), epoch(1, 50.0, 60.0, 100.0),

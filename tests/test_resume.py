@@ -334,6 +334,11 @@ def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(pt
     assert losses(split, 1) == pytest.approx(losses(whole, 1), rel=1e-5)
     assert events(split, "epoch")[-1]["train_ppl"] == pytest.approx(
         events(whole, "epoch")[-1]["train_ppl"], rel=1e-5)
+    # the resumed epoch's time is that of the steps after its checkpoint, and says so (the
+    # tables scale it); the whole run's is that of all its steps
+    resumed = events(split, "epoch")[-1]
+    assert resumed["steps"] == 60 and resumed["steps_run"] in (40, 20), resumed
+    assert "steps_run" not in events(whole, "epoch")[-1]
 
 
 def test_resume_inside_an_epoch_with_2_or_4_ranks_gives_the_2_rank_losses(ptb_path, tmp_path):

@@ -240,7 +240,10 @@ class RunLog:
 
     def epoch(self, epoch, step, lr, stats, valid_ppl):
         t = stats["epoch_time_s"]
-        timing = f"time {t:.1f} s"
+        # resumed inside the epoch: its time is that of the steps run since (the tables scale it)
+        ran, steps = stats.get("steps_run"), stats.get("steps")
+        inside = ran is not None and ran < steps
+        timing = f"time {t:.1f} s" + (f" for its last {ran} of {steps} steps" if inside else "")
         if self.baseline:
             base = self.baseline.get(epoch + 1, statistics.median(self.baseline.values()))
             timing += f" (single-process {base:.1f} s, speedup {base / t:.2f}×)"
@@ -257,6 +260,7 @@ class RunLog:
                     train_ppl=stats["train_ppl"], wps=stats["wps"], valid_ppl=valid_ppl,
                     epoch_time_s=t, compute_share=stats["compute_share"], peak_rss_mb=peak_rss_mb(),
                     **({"world_sizes": list(sizes)} if sizes else {}),
+                    **({"steps_run": ran, "steps": steps} if inside else {}),
                     **({"rolled_back": [{"workers": n, "steps": s} for n, s in rolled]}
                        if rolled else {}))
         self._scalars(step, {"valid/perplexity": valid_ppl,
