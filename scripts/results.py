@@ -364,10 +364,13 @@ def card_run(runs, name):
         epoch_count(r), r["workers"] == 2, r["kind"] == "running", precision(r) == "fp32"))
 
 
-def running_beside(runs, name, shown):
-    """The config's running run, if the row shows another one (a lost attempt that got further)."""
-    return next((r for r in runs if r["config"]["name"] == name and r["kind"] == "running"
-                 and r is not shown), None)
+def started_again(runs, name, shown):
+    """Where the row shows an attempt lost with its machine: the config's run started after it
+    (`make reproduce`, running or stopped between sittings), else None."""
+    if not shown.get("lost"):
+        return None
+    return next((r for r in runs if r["config"]["name"] == name and r.get("segments")
+                 and r["kind"] in ("running", "partial") and not r.get("lost")), None)
 
 
 def epochs_cell(run, name):
@@ -397,7 +400,7 @@ def paper_table(runs):
         run2, run1 = (r if r and epoch_count(r) else None  # timed: with an epoch done
                       for r in (longest_trained(alike, name, 2), longest_trained(alike, name, 1)))
         t2, t1 = (r and epoch_time(r) for r in (run2, run1))
-        again = running_beside(runs, name, run)
+        again = started_again(runs, name, run)
         again = again and (f"; started again in {precision(again)}: {epoch_count(again)} of "
                            f"{paper_epochs(name)}")
         cells = [epochs_cell(run, name) + (again or ""), *(fmt(last(run, event, key), ".2f") for event, key in (

@@ -170,10 +170,14 @@ def test_an_attempt_lost_with_its_machine_stays_the_row_until_the_new_run_passes
     env = {"cpu": "AMD EPYC", "cores": 2}
     lost = bf16(dict(run("partial", 1, [epoch(n, 290.0, 190.0 - n, 600.0) for n in (1, 2, 3)]),
                      env=env, lost="after 3 epochs: ..."))
-    again = dict(run("running", 1, [epoch(1, 300.0, 200.0, 900.0)]), env=env)
+    again = dict(run("running", 1, [epoch(1, 300.0, 200.0, 900.0)]), env=env, segments=[{}])
     assert results.paper_table([lost, again])[2].startswith(
         "| small, bf16 | 3 of 13 (1 process, partial); its machine ended; started again in "
         "fp32: 1 of 13 | 290.00 | 187.00 | — | — | 600 s |")
+    # stopped between sittings, the new run is named the same way
+    assert results.paper_table([lost, dict(again, kind="partial")])[2].startswith(
+        "| small, bf16 | 3 of 13 (1 process, partial); its machine ended; started again in "
+        "fp32: 1 of 13 |")
     again["events"] = [epoch(n, 300.0, 100.0, 900.0) for n in (1, 2, 3, 4)]
     assert results.paper_table([lost, again])[2].startswith(
         "| small | 4 of 13, running (1 process), ETA ≈ 2 h | 300.00 | 100.00 |")
