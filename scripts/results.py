@@ -21,6 +21,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from utils import config  # noqa: E402
+from utils.logs import whole_epoch_s  # noqa: E402
 RESULTS = os.path.join(REPO, "results")
 RUNS = os.path.join(RESULTS, "runs")  # the training runs: a folder each, with run.json
 # results/README.md opens with where each kind of result lives
@@ -73,12 +74,6 @@ def load(name):
 
 def full_epoch_steps(cfg):
     return (TRAIN_TOKENS // cfg["batch_size"] - 1) // cfg["num_steps"]
-
-
-def whole_epoch_s(event):
-    """An epoch event's seconds; for an epoch resumed inside it (from a step checkpoint), those
-    of its steps run since, scaled to all its steps."""
-    return event["epoch_time_s"] * event.get("steps", 1) / event.get("steps_run", 1)
 
 
 def epoch_time(run):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from utils.checkpoints import Position
-from utils.logs import RunLog
+from utils.logs import RunLog, load_baseline
 from tests.helpers import REPO, script_env
 
 CFG = {"num_epochs": 3, "batch_size": 20, "num_steps": 35}
@@ -96,3 +96,25 @@ def test_a_failing_tensorflow_import_shows_what_it_printed_and_why(tmp_path):
     assert r.returncode == 1
     assert r.stderr.startswith("E0000 something TensorFlow really reports\nTraceback")
     assert "ImportError: no libcudart" in r.stderr and "oneDNN" not in r.stderr
+
+
+def test_a_baseline_epoch_resumed_inside_it_counts_as_its_whole_epoch(tmp_path):
+    # 30 s for the last 250 of 1,000 steps is a 120 s epoch; a whole epoch counts as it is
+    write_log(tmp_path, [{"event": "epoch", "epoch": 1, "epoch_time_s": 100.0},
+                         {"event": "epoch", "epoch": 2, "epoch_time_s": 30.0, "steps_run": 250,
+                          "steps": 1000}])
+    assert load_baseline(str(tmp_path / "metrics.jsonl")) == {1: 100.0, 2: 120.0}
+
+
+def test_the_speedup_of_an_epoch_resumed_inside_it_is_that_of_the_whole_epoch(tmp_path, capsys):
+    # the single process took 120 s for epoch 1; this run 15 s for the last 250 of its 1,000
+    # steps, so 60 s for the whole epoch: 2.00x, not 8.00x
+    write_log(tmp_path, [{"event": "epoch", "epoch": 1, "epoch_time_s": 120.0}])
+    log = RunLog(str(tmp_path / "run"), "config_small", CFG, 2,
+                 baseline=str(tmp_path / "metrics.jsonl"))
+    log.epoch(0, 1000, 1.0, {"train_ppl": 100.0, "wps": 700.0, "compute_share": 0.9,
+                             "epoch_time_s": 15.0, "steps": 1000, "steps_run": 250}, 90.0)
+    assert "time 15.0 s for its last 250 of 1000 steps (single-process 120.0 s, speedup 2.00×)" \
+        in capsys.readouterr().out
+    event = read_log(tmp_path / "run")[-1]
+    assert (event["steps_run"], event["steps"]) == (250, 1000)

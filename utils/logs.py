@@ -40,15 +40,22 @@ def format_duration(seconds):
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
+def whole_epoch_s(epoch):
+    """An epoch's seconds (its event, or the stats of train_epoch); for one resumed inside it
+    from a step checkpoint, whose time is that of the steps run since, scaled to all its steps."""
+    ran = epoch.get("steps_run")
+    return epoch["epoch_time_s"] * epoch["steps"] / ran if ran else epoch["epoch_time_s"]
+
+
 def load_baseline(path):
-    """epoch -> epoch_time_s from a single-process run's metrics.jsonl."""
+    """epoch -> seconds of the whole epoch, from a single-process run's metrics.jsonl."""
     try:
         with open(path) as f:
             events = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError) as e:
         raise ConfigError(f"--baseline {path}: cannot read it ({e}); pass the metrics.jsonl "
                           "of an lm_ptb.py run") from None
-    times = {e["epoch"]: e["epoch_time_s"] for e in events if e.get("event") == "epoch"}
+    times = {e["epoch"]: whole_epoch_s(e) for e in events if e.get("event") == "epoch"}
     if not times:
         raise ConfigError(f"--baseline {path} has no epoch events; let the lm_ptb.py run "
                           "finish at least one epoch")
@@ -240,13 +247,14 @@ class RunLog:
 
     def epoch(self, epoch, step, lr, stats, valid_ppl):
         t = stats["epoch_time_s"]
-        # resumed inside the epoch: its time is that of the steps run since (the tables scale it)
+        # resumed inside the epoch: its time is that of the steps run since (whole_epoch_s)
         ran, steps = stats.get("steps_run"), stats.get("steps")
         inside = ran is not None and ran < steps
         timing = f"time {t:.1f} s" + (f" for its last {ran} of {steps} steps" if inside else "")
         if self.baseline:
             base = self.baseline.get(epoch + 1, statistics.median(self.baseline.values()))
-            timing += f" (single-process {base:.1f} s, speedup {base / t:.2f}×)"
+            speedup = base / whole_epoch_s(stats)
+            timing += f" (single-process {base:.1f} s, speedup {speedup:.2f}×)"
         share = stats["compute_share"]  # None for an epoch whose line a resume writes
         sizes = stats.get("world_sizes")  # lm_ptb_elastic.py: the worker counts it ran at
         rolled = stats.get("rolled_back") or []  # the work resets discarded: (workers, steps)
