@@ -359,16 +359,13 @@ def card_run(runs, name):
         epoch_count(r), r["workers"] == 2, r["kind"] == "running", precision(r) == "fp32"))
 
 
-def started_again(runs, name, shown):
-    """Where the row shows an attempt lost with its machine: the config's run started after it
-    (`make reproduce`, running or stopped between sittings), else None."""
-    if not shown.get("lost"):
-        return None
+def started_again(runs, name):
+    """The config's run of `make reproduce` not lost, running or stopped between sittings."""
     return next((r for r in runs if r["config"]["name"] == name and r.get("segments")
                  and r["kind"] in ("running", "partial") and not r.get("lost")), None)
 
 
-def epochs_cell(run, name):
+def epochs_cell(run, name, runs):
     total, done = paper_epochs(name), epoch_count(run)
     workers = f"{run['workers']} workers" if run["workers"] > 1 else "1 process"
     if run["kind"] == "full":
@@ -377,8 +374,12 @@ def epochs_cell(run, name):
         hours = (total - done) * epoch_time(run) / 3600 if done else None
         return (f"{done} of {total}, running" + (f" ({workers})" if run["workers"] == 1 else "")
                 + (f", ETA ≈ {hours:.0f} h" if hours else ""))
-    return f"{done} of {total} ({workers}, partial)" + ("; its machine ended" if run.get("lost")
-                                                           else "")
+    cell = f"{done} of {total} ({workers}, partial)"
+    if not run.get("lost"):
+        return cell
+    again = started_again(runs, name)  # the row shows a lost attempt until the new run passes it
+    return cell + "; its machine ended" + (again and f"; started again in {precision(again)}: "
+                                           f"{epoch_count(again)} of {total}" or "")
 
 
 def paper_table(runs):
@@ -395,11 +396,10 @@ def paper_table(runs):
         run2, run1 = (r if r and epoch_count(r) else None  # timed: with an epoch done
                       for r in (longest_trained(alike, name, 2), longest_trained(alike, name, 1)))
         t2, t1 = (r and epoch_time(r) for r in (run2, run1))
-        again = started_again(runs, name, run)
-        again = again and (f"; started again in {precision(again)}: {epoch_count(again)} of "
-                           f"{paper_epochs(name)}")
-        cells = [epochs_cell(run, name) + (again or ""), *(fmt(last(run, event, key), ".2f") for event, key in (
-            ("epoch", "train_ppl"), ("epoch", "valid_ppl"), ("test", "test_ppl"))),
+        cells = [epochs_cell(run, name, runs), *(fmt(last(run, event, key), ".2f")
+                                                  for event, key in (("epoch", "train_ppl"),
+                                                                     ("epoch", "valid_ppl"),
+                                                                     ("test", "test_ppl"))),
             fmt(t2, ".0f", " s"), fmt(t1, ".0f", " s"),
             " / ".join(map(str, PUBLISHED[name])), machine([run, run1, run2])]
         label = name.replace("config_", "") + (", bf16" if precision(run) == "bf16" else "")
