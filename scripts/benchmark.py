@@ -541,6 +541,12 @@ def with_runs_against(runs, python, stack):
     return out
 
 
+def table_lines(rows):
+    """(label, value) rows as printed: labels padded to the longest."""
+    width = max(len(label) for label, _ in rows)
+    return [f"  {label:<{width}}  {value}" for label, value in rows]
+
+
 def write_result(result, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -771,9 +777,7 @@ def main(argv=None):
                 cfg = config.load_config(f"config_{size}")
                 floor = result[f"{size}_{prefix}matmul_floor_ms"] = matmul_floor(cfg, dtype=dtype)
                 rows += floor_rows(f"{size}{', bf16' if prefix else ''}", floor, gflops, cfg)
-        width = max(len(r[0]) for r in rows)
-        for label, value in rows:
-            print(f"  {label:<{width}}  {value}")
+        print("\n".join(table_lines(rows)))
         return write_result(result, args.out)
     if args.profile_layer:
         print(f"one medium LSTM layer (20 x 35 x 650), {cores} cores, {cpu_model()}; ms, median "
@@ -786,10 +790,7 @@ def main(argv=None):
     print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores, {cpu_model()}, "
           f"{result['rounds']} round{'s' if result['rounds'] > 1 else ''}; ratios are medians "
           "of within-round ratios)")
-    rows = report_rows(result, sizes)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        print(f"  {label:<{width}}  {value}")
+    print("\n".join(table_lines(report_rows(result, sizes))))
     write_result(result, args.out)
 
 

@@ -20,8 +20,7 @@ def test_the_report_of_a_kept_result_is_the_table_its_run_printed():
     start = next(i for i, line in enumerate(log) if line.startswith("benchmark (full, "))
     end = next(i for i, line in enumerate(log) if line.startswith("  written to "))
     rows = benchmark.report_rows(result, benchmark.SIZES)
-    width = max(len(label) for label, _ in rows)
-    assert [f"  {label:<{width}}  {value}" for label, value in rows] == log[start + 1:end]
+    assert benchmark.table_lines(rows) == log[start + 1:end]
 
 
 def test_flops_per_word_counts_the_lstm_and_softmax_products_forward_and_backward():
