@@ -85,7 +85,8 @@ def trainer_command(args, run_dir):
     return ["mpirun", *root, "-np", str(args.np), "-bind-to", "none", "-map-by", "slot",
             sys.executable, "lm_ptb_distributed.py", "--config", args.config,
             "--data_path", args.data_path, "--output_dir", run_dir, "--log_every", "100",
-            "--set", f"precision={args.precision!r}", "--set", f"checkpoint_every={STEP_CHECKPOINTS}",
+            "--set", f"precision={args.precision!r}",
+            "--set", f"checkpoint_every={STEP_CHECKPOINTS}",
             *[f for s in args.set for f in ("--set", s)]]
 
 
