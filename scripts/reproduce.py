@@ -31,7 +31,7 @@ from utils import config  # noqa: E402
 
 EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
 # A checkpoint every this many steps inside an epoch too, so that a sitting's end loses minutes,
-# not up to an epoch (large on a 2-core AVX2 host: 66 minutes an epoch, 5 per 100 steps); a
+# not up to an epoch (large on a 2-core AVX2 host: 48-66 minutes an epoch, 4-5 per 100 steps); a
 # resume continues from it exactly (docs/training.md). --set checkpoint_every=N overrides it.
 STEP_CHECKPOINTS = 100
 
