@@ -11,7 +11,7 @@ import os
 
 from data import ptb
 from utils import config, training
-from utils.watchdog import Watchdog, chief_work_allowance
+from utils.watchdog import START_UP_S, Watchdog, chief_work_allowance
 # Horovod 3: imported after utils, which selects Keras 2, whose optimizer Horovod averages in
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -43,9 +43,11 @@ def pin_to_local_rank(threads):
 def start_watchdog(cfg, output_dir):
     """Horovod 10: a rank whose step (or start-up) cannot finish, because a peer stopped or hung,
     ends the job instead of hanging it. Started right after hvd.init(), so that a rank frozen
-    in the start-up's collectives (download, agreement check, broadcast) is caught too."""
+    in the start-up's collectives (download, agreement check, broadcast) is caught too, after
+    step_timeout_s and START_UP_S more for the start-up's own work."""
     watchdog = Watchdog(cfg["step_timeout_s"], hvd.rank(), hvd.size(), output_dir)
-    watchdog.expect("the start-up (data, agreement check, checkpoint, broadcast)", warm_up=False)
+    watchdog.expect("the start-up (data, agreement check, checkpoint, broadcast)",
+                    extra_s=START_UP_S, warm_up=False)
     return watchdog
 
 
