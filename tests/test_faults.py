@@ -368,8 +368,8 @@ def test_rank_0_evaluating_longer_than_the_step_timeout_does_not_trip_the_others
     """Rank 1 waits for rank 0's checkpoint, batch-1 validation and test (seconds each) with a
     step timeout of 2 s: its watchdog allows for that work, so the run ends normally. 8,000
     windows each: 3,000 took 1.8 s on an AMD EPYC with AVX-512, under the timeout tested. The
-    start-up before the steps (6 s with PTB on an AMD EPYC with AVX2 only, loaded) has 30 s
-    more (utils.watchdog.START_UP_S)."""
+    start-up before the steps (6 s with PTB on an AMD EPYC with AVX2 only, loaded; 1.7-2.1 s
+    idle: results/stack/ci/startup-phases-avx2.log) has 30 s more (utils.watchdog.START_UP_S)."""
     out = str(tmp_path / "run")
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "10",
             "--set", "num_epochs=1", "--set", "steps_per_epoch=30", "--set", "eval_steps=8000",

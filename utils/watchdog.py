@@ -20,7 +20,8 @@ PAUSED_S = 2.0  # a tick this late means this process was not running
 WARM_UP_S = 120  # the first step of each kind also traces and compiles it: this much more
 # The start-up reads the corpus, builds the model and traces the broadcast before any step:
 # one-off work held to step_timeout_s would end a run whose steps fit a short timeout (PTB's
-# start-up took 6 s with 2 ranks on an AMD EPYC with AVX2 only, beside other work).
+# start-up took 6 s with 2 ranks on an AMD EPYC with AVX2 only beside other work, 1.7-2.1 s
+# alone: results/stack/ci/startup-phases-avx2.log).
 START_UP_S = 30
 
 
