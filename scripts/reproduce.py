@@ -29,6 +29,7 @@ from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
 from utils import config  # noqa: E402
 
+DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs
 EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
 # A checkpoint every this many steps inside an epoch too, so that a sitting's end loses minutes,
 # not up to an epoch (large on a 2-core AVX2 host: 48-66 minutes an epoch, 4-5 per 100 steps); a
@@ -48,7 +49,7 @@ def parse_args(argv):
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
-    p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "reproduce"))
+    p.add_argument("--runs_dir", default=DEFAULT_RUNS_DIR)
     p.add_argument("--results_dir", default=os.path.join(REPO, "results", "runs"))
     return p.parse_intermixed_args(argv)
 
@@ -62,10 +63,14 @@ def names(args):
 
 
 def make_command(args):
-    """The make command that starts or continues this run."""
+    """The make command that starts or continues this run; RUNS too where it is not the default,
+    since the same command without it refuses to start the run again elsewhere."""
+    runs_dir = os.path.abspath(args.runs_dir)
     return " ".join([f"make reproduce CONFIG={args.config}",
                      *([f"NP={args.np}"] if args.np != 2 else []),
-                     *([f"PRECISION={args.precision}"] if args.precision != "fp32" else [])])
+                     *([f"PRECISION={args.precision}"] if args.precision != "fp32" else []),
+                     *([f"RUNS={os.path.dirname(runs_dir)}"] if runs_dir != DEFAULT_RUNS_DIR
+                       else [])])
 
 
 def running(run_dir):

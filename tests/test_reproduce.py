@@ -1,5 +1,6 @@
 """`make reproduce`: a long run started in the background, stopped, and continued by the same
 command, with real mpirun ranks and its logs copied for the results table."""
+import argparse
 import json
 import os
 import signal
@@ -92,7 +93,13 @@ def test_a_start_that_cannot_run_says_why_in_one_line(corpus, tmp_path):
 def test_status_line_names_the_epoch_running_and_what_is_left():
     """Hand-made events of a 3-epoch run: the epoch it runs is the one after the last epoch line
     until that epoch's first progress line (after a resume, say)."""
-    from scripts.reproduce import status_line
+    from scripts.reproduce import DEFAULT_RUNS_DIR, make_command, status_line
+    args = argparse.Namespace(config="config_large", np=1, precision="fp32",
+                              runs_dir=DEFAULT_RUNS_DIR)
+    assert make_command(args) == "make reproduce CONFIG=config_large NP=1"
+    args.runs_dir, args.precision = "/var/tmp/ptb-runs/reproduce", "bf16"
+    assert make_command(args) == \
+        "make reproduce CONFIG=config_large NP=1 PRECISION=bf16 RUNS=/var/tmp/ptb-runs"
     cfg = {"num_epochs": 3, "name": "config_large"}
     epoch1 = {"event": "epoch", "epoch": 1, "valid_ppl": 249.3182, "config": cfg}
     progress = {"event": "progress", "epoch": 2, "step": 1400, "eta_s": 5400, "config": cfg}
