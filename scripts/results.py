@@ -378,9 +378,11 @@ def epochs_cell(run, name, runs):
     cell = f"{done} of {total} ({workers}, partial)"
     if not run.get("lost"):
         return cell
+    cell += "; its machine ended"
     again = started_again(runs, name)  # the row shows a lost attempt until the new run passes it
-    return cell + "; its machine ended" + (again and f"; started again in {precision(again)}: "
-                                           f"{epoch_count(again)} of {total}" or "")
+    if again:
+        cell += f"; started again in {precision(again)}: {epoch_count(again)} of {total}"
+    return cell
 
 
 def paper_table(runs):
