@@ -6,7 +6,8 @@
 #      with the pinned requirements.txt and requirements-no-deps.txt
 #   3. Horovod 0.28.1 from PyPI's source, patched by scripts/patches/horovod-0.28.1/ (one file
 #      per cause: new compilers, TensorFlow and Keras; GPU=1 adds horovod-0.28.1-gpu/), built
-#      against that TensorFlow with MPI and Gloo; built again when the patches change
+#      against that TensorFlow with MPI and Gloo; built again when the patches change, the wheel
+#      kept in ~/.cache/ptb-horovod by all it was built from (HOROVOD_WHEELS= to not keep it)
 # GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL
 # (the system's, else the nvidia-nccl-cu12 wheel's); it first checks for a CUDA 12 nvcc and
 # stops, changing nothing, without one (docs/gpu.md; make gpu-build-check proves it here).
@@ -193,21 +194,62 @@ check_horovod="import utils, horovod.tensorflow as h; assert $built"
 # new one, say) rebuilds it, where the import check alone would keep the old build.
 patch_set=$(cat "$PATCHES"/*.patch $([ "$GPU" = 1 ] && echo "$PATCHES-gpu"/*.patch) | sha256sum)
 built_with="$VENV/horovod-patches.sha256"
+
+# Everything the built wheel depends on, hashed: the patches, the Python, every package of the
+# venv (TensorFlow's exact build above all: a wheel built against another one fails at import,
+# HorovodVersionMismatchError, horovod#2619), the compilers, MPI and the build's settings.
+# pip's own wheel cache keys a wheel by the source alone, hence --no-cache-dir below.
+horovod_build_key() {
+    {
+        echo "horovod $HOROVOD_VERSION, GPU=$GPU ${gpu_build[*]}, $(uname -m)"
+        echo "$patch_set"
+        "$VENV/bin/python" -c 'import sys, sysconfig; print(sys.version, sysconfig.get_platform())'
+        "$VENV/bin/python" -m pip freeze --all --exclude horovod --exclude pip
+        "${CXX:-g++}" --version | head -1
+        mpirun --version 2>&1 | head -1
+        cmake --version | head -1
+        [ "$GPU" = 1 ] && nvcc --version | tail -1
+        true
+    } | sha256sum | cut -c1-16
+}
+
+# The wheel, built once per key and kept outside the venv (HOROVOD_WHEELS, empty: not kept),
+# so a new clone or venv on this machine installs it in seconds instead of building it again.
+HOROVOD_WHEELS=${HOROVOD_WHEELS-${XDG_CACHE_HOME:-$HOME/.cache}/ptb-horovod}
+install_horovod() {
+    local key kept="" built
+    key=$(horovod_build_key)
+    [ -n "$HOROVOD_WHEELS" ] && kept="$HOROVOD_WHEELS/$key"
+    if [ -n "$kept" ] && ls "$kept"/horovod-*.whl >/dev/null 2>&1; then
+        echo "setup: horovod==$HOROVOD_VERSION as built before for this stack ($kept)"
+    else
+        [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
+        tree=$(patched_horovod_source)
+        patches=$(ls "$PATCHES" $([ "$GPU" = 1 ] && echo "$PATCHES-gpu") | grep -c '\.patch$')
+        echo "setup: building horovod==$HOROVOD_VERSION with $patches patches" \
+             "(about 4 minutes)"
+        built=$(mktemp -d)
+        env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+            HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
+            "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps \
+            -w "$built" "$tree"
+        rm -rf "$VENV/horovod-src"
+        if [ -n "$kept" ] && mkdir -p "$HOROVOD_WHEELS" 2>/dev/null; then
+            # whole or not at all: a setup stopped while copying leaves no wheel under the key
+            rm -rf "$kept" && cp -r "$built" "$kept.$$" && mv -T "$kept.$$" "$kept" \
+                && rm -rf "$built" || kept=$built
+        else
+            kept=$built
+        fi
+    fi
+    "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$kept"/horovod-*.whl
+    [ "$kept" = "${built:-}" ] && rm -rf "$built"
+    echo "$patch_set" >"$built_with"
+}
+
 if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null \
         || [ "$(cat "$built_with" 2>/dev/null)" != "$patch_set" ]; then
-    [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
-    tree=$(patched_horovod_source)
-    patches=$(ls "$PATCHES" $([ "$GPU" = 1 ] && echo "$PATCHES-gpu") | grep -c '\.patch$')
-    echo "setup: building horovod==$HOROVOD_VERSION with $patches patches" \
-         "(about 4 minutes)"
-    # --no-cache-dir: never a wheel built before (for another TensorFlow, or without NCCL),
-    # which would fail at import (HorovodVersionMismatchError, horovod#2619).
-    env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
-        "$VENV/bin/python" -m pip install -q --no-build-isolation --no-cache-dir --no-deps \
-        --force-reinstall "$tree"
-    rm -rf "$VENV/horovod-src"
-    echo "$patch_set" >"$built_with"
+    install_horovod
 fi
 "$VENV/bin/python" -c "import sys, utils, horovod.tensorflow as h, tensorflow as tf; \
 print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
