@@ -1,6 +1,7 @@
 """scripts/setup.sh's refusals, each before it installs anything: an unsupported Python, a
 Horovod patch that does not apply, GPU mode on this machine, which has no GPU, and the two
-Debian-root checks (fresh machine, GPU build) without their data."""
+Debian-root checks (fresh machine, GPU build) without their data; and the key of the Horovod
+wheel it keeps."""
 import glob
 import os
 import shutil
@@ -112,6 +113,38 @@ def test_a_patch_that_does_not_apply_stops_setup_in_one_line(tmp_path):
                       "horovod 0.28.1's source in .venv/horovod-src/horovod-0.28.1; the "
                       "patches are made for that version (scripts/patches/)"], r.stderr
     assert (src / "horovod-0.28.1" / "horovod" / "common" / "common.h").exists()
+
+
+def build_key(**env):
+    """setup.sh's horovod_build_key for the repository's .venv, with these variables set."""
+    script = ("set -eu; source <(sed -n '/^horovod_build_key()/,/^}/p' scripts/setup.sh); "
+              "VENV=.venv; HOROVOD_VERSION=0.28.1; GPU=${GPU:-0}; gpu_build=(${GPU_BUILD:-}); "
+              "patch_set=$(cat scripts/patches/horovod-0.28.1/*.patch ${EXTRA_PATCH:-} "
+              "| sha256sum); horovod_build_key")
+    r = subprocess.run([shutil.which("bash"), "-c", script], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, **env})
+    assert r.returncode == 0 and len(r.stdout.strip()) == 16, r.stdout + r.stderr
+    return r.stdout.strip()
+
+
+def test_the_kept_wheels_key_changes_with_what_the_build_depends_on(tmp_path):
+    """The Horovod wheel setup keeps (~/.cache/ptb-horovod/<key>/) is taken again only for the
+    same patches, build settings, compiler and venv packages; TensorFlow's version among them."""
+    key = build_key()
+    assert build_key() == key
+    extra = tmp_path / "10-more.patch"
+    extra.write_text("another patch\n")
+    assert build_key(EXTRA_PATCH=str(extra)) != key
+    assert build_key(GPU="1", GPU_BUILD="HOROVOD_GPU_OPERATIONS=NCCL") != key
+    gxx = tmp_path / "g++"
+    gxx.write_text("#!/bin/sh\necho 'g++ (Other) 99.1'\n")
+    gxx.chmod(0o755)
+    assert build_key(CXX=str(gxx)) != key
+    # the venv's packages go in as pip freeze lists them, TensorFlow's exact version among them
+    freeze = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), "-m", "pip",
+                             "freeze", "--all", "--exclude", "horovod", "--exclude", "pip"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "tensorflow-cpu==2.21.0" in freeze.lower().replace("_", "-").splitlines(), freeze
 
 
 def test_gpu_mode_without_nvcc_says_what_to_install_and_changes_nothing(tmp_path):
