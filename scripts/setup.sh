@@ -205,9 +205,9 @@ horovod_build_key() {
         echo "$patch_set"
         "$VENV/bin/python" -c 'import sys, sysconfig; print(sys.version, sysconfig.get_platform())'
         "$VENV/bin/python" -m pip freeze --all --exclude horovod --exclude pip
-        "${CXX:-g++}" --version | head -1
-        mpirun --version 2>&1 | head -1
-        cmake --version | head -1
+        "${CXX:-g++}" --version | sed -n 1p  # sed, not head: it reads all, so no SIGPIPE under pipefail
+        mpirun --version 2>&1 | sed -n 1p
+        cmake --version | sed -n 1p
         [ "$GPU" = 1 ] && nvcc --version | tail -1
         true
     } | sha256sum | cut -c1-16
