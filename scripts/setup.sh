@@ -217,34 +217,39 @@ horovod_build_key() {
 # so a new clone or venv on this machine installs it in seconds instead of building it again.
 HOROVOD_WHEELS=${HOROVOD_WHEELS-${XDG_CACHE_HOME:-$HOME/.cache}/ptb-horovod}
 install_horovod() {
-    local key kept="" built
-    key=$(horovod_build_key)
-    [ -n "$HOROVOD_WHEELS" ] && kept="$HOROVOD_WHEELS/$key"
-    if [ -n "$kept" ] && ls "$kept"/horovod-*.whl >/dev/null 2>&1; then
-        echo "setup: horovod==$HOROVOD_VERSION as built before for this stack ($kept)"
-    else
-        [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
-        tree=$(patched_horovod_source)
-        patches=$(ls "$PATCHES" $([ "$GPU" = 1 ] && echo "$PATCHES-gpu") | grep -c '\.patch$')
-        echo "setup: building horovod==$HOROVOD_VERSION with $patches patches" \
-             "(about 4 minutes)"
-        built=$(mktemp -d)
-        env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-            HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
-            "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps \
-            -w "$built" "$tree"
-        rm -rf "$VENV/horovod-src"
-        if [ -n "$kept" ] && mkdir -p "$HOROVOD_WHEELS" 2>/dev/null; then
-            # whole or not at all: a setup stopped while copying leaves no wheel under the key
-            rm -rf "$kept" && cp -r "$built" "$kept.$$" && mv -T "$kept.$$" "$kept" \
-                && rm -rf "$built" || kept=$built
-        else
-            kept=$built
-        fi
+    local wheels=$HOROVOD_WHEELS key
+    if [ -z "$wheels" ] || ! mkdir -p "$wheels" 2>/dev/null; then
+        wheels="$VENV/horovod-wheel"  # not kept: built in the venv, removed once installed
+        rm -rf "$wheels" && mkdir "$wheels"
     fi
-    "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$kept"/horovod-*.whl
-    [ "$kept" = "${built:-}" ] && rm -rf "$built"
+    key=$(horovod_build_key)
+    if ls "$wheels/$key"/horovod-*.whl >/dev/null 2>&1; then
+        echo "setup: horovod==$HOROVOD_VERSION as built before for this stack ($wheels/$key)"
+    else
+        build_horovod_wheel "$wheels/$key"
+    fi
+    "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$wheels/$key"/horovod-*.whl
+    [ "$wheels" = "$HOROVOD_WHEELS" ] || rm -rf "$wheels"
     echo "$patch_set" >"$built_with"
+}
+
+# Builds the patched wheel into a new folder beside $1 and renames it to $1 once whole, so an
+# interrupted build leaves no wheel under the key (and its unfinished folder is removed).
+build_horovod_wheel() {
+    local patches tree
+    [ -d "$PATCHES" ] || { echo "error: no patches for horovod $HOROVOD_VERSION in $PATCHES" >&2; exit 1; }
+    tree=$(patched_horovod_source)
+    patches=$(ls "$PATCHES" $([ "$GPU" = 1 ] && echo "$PATCHES-gpu") | grep -c '\.patch$')
+    echo "setup: building horovod==$HOROVOD_VERSION with $patches patches (about 4 minutes)"
+    building=$(mktemp -d "$1.building.XXXXXX")
+    trap 'rm -rf "$building"' EXIT
+    env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
+        "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps \
+        -w "$building" "$tree"
+    rm -rf "$VENV/horovod-src" "$1"
+    mv -T "$building" "$1"
+    trap - EXIT
 }
 
 if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null \
