@@ -95,6 +95,13 @@ def trainer_command(args, run_dir):
             *[f for s in args.set for f in ("--set", s)]]
 
 
+# TensorFlow's settings that choose its kernels (not the precision), which the trainer command
+# does not show: a sitting records those it ran with. TF_ENABLE_ONEDNN_OPTS=1 turns on oneDNN's
+# fp32 kernels where TensorFlow leaves them off (CPUs without AVX-512 VNNI): the large step took
+# 0.85x the time on an AVX2-only EPYC (results/bench/steptime-large-onednn-avx2.json).
+KERNEL_SETTINGS = ("TF_ENABLE_ONEDNN_OPTS",)
+
+
 def start(args):
     """Goes to the background once main() has checked the config and the worker count, and
     watches the job for its first seconds, so a run that cannot start says so here."""
@@ -118,6 +125,9 @@ def start(args):
     segment = {"started_utc": env.pop("date_utc"), **env,
                "epochs_done_at_start": checkpoint_epochs(run_dir),
                "command": shlex.join(command)}
+    settings = {name: os.environ[name] for name in KERNEL_SETTINGS if name in os.environ}
+    if settings:
+        segment["settings"] = settings
     with open(os.path.join(run_dir, "segments.jsonl"), "a") as f:
         f.write(json.dumps(segment) + "\n")
     with open(os.path.join(run_dir, "train.log"), "a") as log:

@@ -219,8 +219,9 @@ def sittings(run):
             continue  # a sitting stopped before it finished an epoch
         beside = "; ".join(s.get("shared", [])) or "nothing else noted"
         epochs = f"epochs {first}-{end}" if end > first else f"epoch {first}"
+        settings = "".join(f", {name}={value}" for name, value in s.get("settings", {}).items())
         parts.append(f"{epochs} from {s['started_utc']} UTC on {s['cpu']}, "
-                     f"{s['cores']} cores, commit {s['commit']} (beside it: {beside})")
+                     f"{s['cores']} cores, commit {s['commit']}{settings} (beside it: {beside})")
     return f"In {len(parts)} sitting{'s' if len(parts) > 1 else ''}: " + " | ".join(parts)
 
 

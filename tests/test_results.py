@@ -123,20 +123,21 @@ def test_two_runs_of_the_same_row_are_refused_rather_than_one_silently_dropped()
         list(results.row_runs([old, new]))
 
 
-def test_a_run_of_several_sittings_names_the_epochs_machine_and_commit_of_each():
+def test_a_run_of_several_sittings_names_the_epochs_machine_commit_and_settings_of_each():
     segment = {"cpu": "AMD EPYC", "cores": 2}
     r = run("full", 2, [epoch(n, 90.0, 95.0, 60.0) for n in (1, 2, 3, 4)])
     r["segments"] = [dict(segment, started_utc="d1", commit="aaa", epochs_done_at_start=0,
                           shared=["a CI run"]),
                      dict(segment, started_utc="d2", commit="bbb", epochs_done_at_start=2),
                      dict(segment, started_utc="d3", commit="ccc", epochs_done_at_start=2),
-                     dict(segment, started_utc="d4", commit="ddd", epochs_done_at_start=3)]
+                     dict(segment, started_utc="d4", commit="ddd", epochs_done_at_start=3,
+                          settings={"TF_ENABLE_ONEDNN_OPTS": "1"})]
     # the sitting d2 stopped before it finished an epoch: d3 trained epoch 3 again from ckpt-2
     assert results.sittings(r) == (
         "In 3 sittings: epochs 1-2 from d1 UTC on AMD EPYC, 2 cores, commit aaa (beside it: a CI "
         "run) | epoch 3 from d3 UTC on AMD EPYC, 2 cores, commit ccc (beside it: nothing else "
-        "noted) | epoch 4 from d4 UTC on AMD EPYC, 2 cores, commit ddd (beside it: nothing "
-        "else noted)")
+        "noted) | epoch 4 from d4 UTC on AMD EPYC, 2 cores, commit ddd, TF_ENABLE_ONEDNN_OPTS=1 "
+        "(beside it: nothing else noted)")
 
 
 def bf16(r):
