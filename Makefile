@@ -22,7 +22,7 @@ PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
 # it stopped at (before its first checkpoint, --resume starts afresh and says so).
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/metrics.jsonl $(call RUN_DIR,$(1))/checkpoints),--resume)
 
-.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status venv-tf2.15 gpu-build-check chaos
+.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status reproduce-stop venv-tf2.15 gpu-build-check chaos
 train: setup data
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -73,6 +73,7 @@ bench-tune: setup data
 
 # A results row of many hours (medium: 39 epochs), in the background; run again to continue it
 # from its last checkpoint after a stop. reproduce-status: epoch reached, ETA, logs to results/.
+# reproduce-stop: each rank ends its step and the newest checkpoint is kept.
 # Its checkpoints go to $(RUNS)/reproduce: where the checkout does not outlive the machine, point
 # RUNS at a disk that does (RUNS=/mnt/keep make reproduce ...), the same for every sitting.
 REPRODUCE_RUNS = $(abspath $(RUNS))/reproduce
@@ -82,6 +83,10 @@ reproduce: setup data
 
 reproduce-status:
 	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
+	    --runs_dir $(REPRODUCE_RUNS)
+
+reproduce-stop:
+	@$(PY) scripts/reproduce.py stop --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
 	    --runs_dir $(REPRODUCE_RUNS)
 
 results: setup

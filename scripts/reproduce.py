@@ -2,6 +2,7 @@
 
     make reproduce CONFIG=config_medium          # = python scripts/reproduce.py start ...
     make reproduce-status CONFIG=config_medium   # = python scripts/reproduce.py status ...
+    make reproduce-stop CONFIG=config_medium     # = python scripts/reproduce.py stop ...
 
 `start` launches `mpirun -np NP lm_ptb_distributed.py` in the background (it outlives this
 command, not the machine), with --resume when the run folder holds a run, appending its
@@ -9,6 +10,7 @@ output to <run>/train.log, and records the start (time, commit, CPU, command) as
 `status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
 results table reads into results/runs/<size>-<NP>workers/ (kind "running" while it runs,
 "partial" when stopped before its last epoch, "full" when done), ready to commit. Checkpoints stay in runs/ (about 80 MB for medium; not in git).
+`stop` sends SIGTERM to the ranks: each ends its step, and rank 0 says which checkpoint is kept.
 A start that finds no run folder where results/ holds an unfinished run's logs (its machine
 ended, checkpoints and all) moves those logs to <row>-lost-<its start>/, a partial run, and
 starts from epoch 0; if that run's folder exists under another --runs_dir, it refuses instead.
@@ -16,12 +18,15 @@ starts from epoch 0; if that run's folder exists under another --runs_dir, it re
 (its times per epoch are not those of an idle machine then), for the provenance.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -35,11 +40,12 @@ EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a b
 # not up to an epoch (large on a 2-core AVX2 host: 48-66 minutes an epoch, 4-5 per 100 steps); a
 # resume continues from it exactly (docs/training.md). --set checkpoint_every=N overrides it.
 STEP_CHECKPOINTS = 100
+STOP_WAIT_S = 300  # a step, a save in progress, or a validation under way (large: minutes)
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=("start", "status", "shared"))
+    p.add_argument("action", choices=("start", "status", "stop", "shared"))
     p.add_argument("what", nargs="?", help="shared: what ran beside the run")
     p.add_argument("--config", default="config_medium")
     p.add_argument("--np", type=int, default=2, help="Horovod workers on this host")
@@ -276,6 +282,45 @@ def status_line(command, log, alive):
         f"ETA {last['eta_s'] / 3600:.1f} h"
 
 
+def stop(args):
+    """SIGTERM to the run's ranks, not to its mpirun: Open MPI's mpirun passes a SIGTERM on a
+    second late and SIGKILLs the ranks a second after (odls_base_sigkill_timeout), before a large
+    step on a CPU ends. Each rank ends its step or its save; rank 0 says what is kept."""
+    run_dir, _ = names(args)
+    pid = running(run_dir)
+    if not pid:
+        print(f"reproduce: {args.config} is not running; `{make_command(args)}` continues it")
+        return 0
+    for rank in children(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while running(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if running(run_dir):
+        print(f"error: the run did not stop within {STOP_WAIT_S} s of SIGTERM; `kill -KILL "
+              f"-{pid}` ends it (losing the steps since its last checkpoint)", file=sys.stderr)
+        return 1
+    with open(os.path.join(run_dir, "train.log")) as f:
+        said = [line.strip() for line in f if line.startswith("error: stopped by")]
+    print(f"reproduce: {said[-1] if said else 'stopped'}")
+    return 0
+
+
+def children(pid):
+    """The processes whose parent is `pid` (mpirun's ranks on this host)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append(int(entry))
+    return found
+
+
 def shared(args):
     """Add `what` to the newest segment's list of what shared the machine with the run."""
     run_dir, _ = names(args)
@@ -326,7 +371,8 @@ def main(argv=None):
             raise config.ConfigError(f"--np must be 1 or more, got {args.np}")
         if args.action == "start":
             check_shardable(cfg["batch_size"], args.np, cfg["backward_passes_per_step"])
-        return {"start": start, "status": status, "shared": shared}[args.action](args)
+        return {"start": start, "status": status, "stop": stop,
+                "shared": shared}[args.action](args)
     except (config.ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,8 @@ COVERED = {
         "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
     "make reproduce-status CONFIG=config_medium":
         "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
+    "make reproduce-stop CONFIG=config_medium":
+        "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
 }
 NOT_HERE = {  # command -> what it needs that this machine lacks
     "CONFIG=config_medium sbatch -N 2 --ntasks-per-node=4 --gpus-per-node=4 launch/slurm.sbatch":

@@ -49,6 +49,14 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     assert rc == 0 and "resumed" in out, out
     rc, out = reproduce("start", tmp_path, corpus)  # a second start while it runs
     assert rc == 0 and "already running" in out, out
+    log = run_dir / "train.log"
+    wait_for(lambda: "| step " in log.read_text().partition("--resume: continuing")[2],
+             "a progress line of the resumed run")
+    rc, out = reproduce("stop", tmp_path, corpus)  # the ranks end their step, rank 0 says so
+    assert rc == 0 and "stopped by SIGTERM; the newest checkpoint" in out, out
+    assert "stopped;" in reproduce("status", tmp_path, corpus)[1]
+    rc, out = reproduce("start", tmp_path, corpus)
+    assert rc == 0 and "resumed" in out, out
     wait_for(lambda: "done" in reproduce("status", tmp_path, corpus)[1], "finished run")
     rc, out = reproduce("status", tmp_path, corpus)
     assert out.startswith("reproduce: ") and "3 of 3 epochs" in out and "test ppl" in out, out
@@ -58,12 +66,13 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     assert [e["epoch"] for e in events if e["event"] == "epoch"] == [1, 2, 3]
     assert {e["world_size"] for e in events} == {2}
     run = json.load(open(kept / "run.json"))
-    assert run["kind"] == "full" and len(run["segments"]) == 2
+    assert run["kind"] == "full" and len(run["segments"]) == 3
     assert run["note"].endswith(" segment: a test beside it"), run["note"]
     assert run["env"]["tensorflow"] and run["env"]["horovod"] and run["env"]["python"]
-    first, second = run["segments"]
+    first, second, third = run["segments"]
     assert "--resume" not in first["command"] and second["command"].endswith("--resume")
     assert second["epochs_done_at_start"] >= 1 and second["cpu"] and second["commit"]
+    assert third["command"] == second["command"]
     # Both segments' output, appended. The first one's last lines may be missing: SIGKILL ends
     # mpirun before it forwards what rank 0 printed last, though rank 0 had written the event
     # to metrics.jsonl (seen once: epoch 1's line lost, its event kept). Every epoch after the
@@ -71,6 +80,23 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     log = (run_dir / "train.log").read_text()
     for epoch in range(second["epochs_done_at_start"] + 1, 4):
         assert f"[ptb] epoch {epoch}/3 done" in log, log
+
+
+def test_stop_lets_the_ranks_end_a_step_longer_than_mpiruns_grace(corpus, tmp_path):
+    """A SIGTERM to mpirun reaches the ranks a second late and its SIGKILL a second after (Open
+    MPI's odls_base_sigkill_timeout): a 3-s step (tests/slow_model.py; large's on a CPU) would be
+    cut and the run's line lost. `stop` signals the ranks, which end their step and say so."""
+    run_dir = tmp_path / "runs" / "tiny-np2"
+    rc, out = reproduce("start", tmp_path, corpus, "--set", "model='tests.slow_model:build'",
+                        "--set", "checkpoint_every=2")
+    assert rc == 0 and "started" in out, out
+    wait_for(lambda: list((run_dir / "checkpoints" / IN_EPOCH).glob("ckpt-2.index")),
+             "the checkpoint of step 2")
+    started = time.monotonic()
+    rc, out = reproduce("stop", tmp_path, corpus)
+    assert rc == 0 and "error: stopped by SIGTERM; the newest checkpoint" in out, out
+    assert time.monotonic() - started < 30, out
+    assert subprocess.run(["pgrep", "-f", str(run_dir)]).returncode == 1  # nothing of it left
 
 
 def test_a_start_that_cannot_run_says_why_in_one_line(corpus, tmp_path):
