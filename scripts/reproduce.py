@@ -41,6 +41,11 @@ EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a b
 # resume continues from it exactly (docs/training.md). --set checkpoint_every=N overrides it.
 STEP_CHECKPOINTS = 100
 STOP_WAIT_S = 300  # a step, a save in progress, or a validation under way (large: minutes)
+# TensorFlow's settings that choose its kernels (not the precision), which the trainer command
+# does not show: a sitting records those it ran with. TF_ENABLE_ONEDNN_OPTS=1 turns on oneDNN's
+# fp32 kernels where TensorFlow leaves them off (CPUs without AVX-512 VNNI): the large step took
+# 0.85x the time on an AVX2-only EPYC (results/bench/steptime-large-onednn-avx2.json).
+KERNEL_SETTINGS = ("TF_ENABLE_ONEDNN_OPTS",)
 
 
 def parse_args(argv):
@@ -68,11 +73,13 @@ def names(args):
             os.path.join(args.results_dir, f"{size}-{args.np}workers{bf16}"))
 
 
-def make_command(args):
+def make_command(args, settings=None):
     """The make command that starts or continues this run; RUNS too where it is not the default,
-    since the same command without it refuses to start the run again elsewhere."""
+    since the same command without it refuses to start the run again elsewhere, and the kernel
+    settings its last sitting ran with."""
     runs_dir = os.path.abspath(args.runs_dir)
-    return " ".join([f"make reproduce CONFIG={args.config}",
+    return " ".join([*(f"{name}={value}" for name, value in (settings or {}).items()),
+                     f"make reproduce CONFIG={args.config}",
                      *([f"NP={args.np}"] if args.np != 2 else []),
                      *([f"PRECISION={args.precision}"] if args.precision != "fp32" else []),
                      *([f"RUNS={os.path.dirname(runs_dir)}"] if runs_dir != DEFAULT_RUNS_DIR
@@ -99,13 +106,6 @@ def trainer_command(args, run_dir):
             "--set", f"precision={args.precision!r}",
             "--set", f"checkpoint_every={STEP_CHECKPOINTS}",
             *[f for s in args.set for f in ("--set", s)]]
-
-
-# TensorFlow's settings that choose its kernels (not the precision), which the trainer command
-# does not show: a sitting records those it ran with. TF_ENABLE_ONEDNN_OPTS=1 turns on oneDNN's
-# fp32 kernels where TensorFlow leaves them off (CPUs without AVX-512 VNNI): the large step took
-# 0.85x the time on an AVX2-only EPYC (results/bench/steptime-large-onednn-avx2.json).
-KERNEL_SETTINGS = ("TF_ENABLE_ONEDNN_OPTS",)
 
 
 def start(args):
@@ -154,6 +154,15 @@ def start(args):
           f"{'s' if args.np > 1 else ''} "
           f"in the background (pid {job.pid}); log {shown(run_dir)}/train.log")
     return 0
+
+
+def last_settings(run_dir):
+    """The kernel settings of the run's newest sitting ({} if none or no sitting yet)."""
+    try:
+        with open(os.path.join(run_dir, "segments.jsonl")) as f:
+            return json.loads(f.read().splitlines()[-1]).get("settings", {})
+    except (OSError, IndexError, ValueError):
+        return {}
 
 
 def output_dir(command):
@@ -252,8 +261,9 @@ def status(args):
         return 1
     done = any(e["event"] == "test" for e in log)
     alive = bool(running(run_dir))
-    print(status_line(make_command(args), log, alive))
-    keep(run_dir, results_dir, make_command(args), "full" if done else
+    command = make_command(args, last_settings(run_dir))
+    print(status_line(command, log, alive))
+    keep(run_dir, results_dir, command, "full" if done else
          "running" if alive else "partial")
     return 0
 
@@ -289,7 +299,8 @@ def stop(args):
     run_dir, _ = names(args)
     pid = running(run_dir)
     if not pid:
-        print(f"reproduce: {args.config} is not running; `{make_command(args)}` continues it")
+        print(f"reproduce: {args.config} is not running; "
+              f"`{make_command(args, last_settings(run_dir))}` continues it")
         return 0
     for rank in children(pid):
         with contextlib.suppress(ProcessLookupError):

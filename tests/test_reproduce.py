@@ -126,6 +126,8 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     args.runs_dir, args.precision = "/var/tmp/ptb-runs/reproduce", "bf16"
     assert make_command(args) == \
         "make reproduce CONFIG=config_large NP=1 PRECISION=bf16 RUNS=/var/tmp/ptb-runs"
+    assert make_command(args, {"TF_ENABLE_ONEDNN_OPTS": "1"}) == "TF_ENABLE_ONEDNN_OPTS=1 " \
+        "make reproduce CONFIG=config_large NP=1 PRECISION=bf16 RUNS=/var/tmp/ptb-runs"
     cfg = {"num_epochs": 3, "name": "config_large"}
     epoch1 = {"event": "epoch", "epoch": 1, "valid_ppl": 249.3182, "config": cfg}
     progress = {"event": "progress", "epoch": 2, "step": 1400, "eta_s": 5400, "config": cfg}
