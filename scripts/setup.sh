@@ -6,7 +6,8 @@
 #      with the pinned requirements.txt and requirements-no-deps.txt
 #   3. Horovod 0.28.1 from PyPI's source, patched by scripts/patches/horovod-0.28.1/ (one file
 #      per cause: new compilers, TensorFlow and Keras; GPU=1 adds horovod-0.28.1-gpu/), built
-#      against that TensorFlow with MPI and Gloo; built again when the patches change, the wheel
+#      against that TensorFlow with MPI and Gloo, without debug information
+#      (scripts/horovod-build.cmake); built again when the patches change, the wheel
 #      kept in ~/.cache/ptb-horovod by all it was built from (HOROVOD_WHEELS= to not keep it)
 # GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL
 # (the system's, else the nvidia-nccl-cu12 wheel's); it first checks for a CUDA 12 nvcc and
@@ -15,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HOROVOD_VERSION=0.28.1
 PATCHES=scripts/patches/horovod-$HOROVOD_VERSION
+BUILD_SETTINGS=scripts/horovod-build.cmake  # its compiler flags: no debug information
 SUPPORTED="Python 3.10 to 3.13"
 GPU=${GPU:-0}
 VENV=${VENV:-.venv}  # another folder for another stack (make venv-tf2.15)
@@ -190,10 +192,11 @@ patched_horovod_source() {
 
 # utils first: the import check sees the Keras the trainers use (utils/__init__.py).
 check_horovod="import utils, horovod.tensorflow as h; assert $built"
-# The patch set Horovod was built with, recorded beside it: a checkout with other patches (a
-# new one, say) rebuilds it, where the import check alone would keep the old build.
-patch_set=$(cat "$PATCHES"/*.patch $([ "$GPU" = 1 ] && echo "$PATCHES-gpu"/*.patch) | sha256sum)
-built_with="$VENV/horovod-patches.sha256"
+# The patches and build settings Horovod was built with, recorded beside it: a checkout with
+# others (a new patch, say) rebuilds it, where the import check alone would keep the old build.
+build_recipe=$(cat "$PATCHES"/*.patch $([ "$GPU" = 1 ] && echo "$PATCHES-gpu"/*.patch) \
+    "$BUILD_SETTINGS" | sha256sum)
+built_with="$VENV/horovod-build.sha256"
 
 # Everything the built wheel depends on, hashed: the patches, the Python, every package of the
 # venv (TensorFlow's exact build above all: a wheel built against another one fails at import,
@@ -202,7 +205,7 @@ built_with="$VENV/horovod-patches.sha256"
 horovod_build_key() {
     {
         echo "horovod $HOROVOD_VERSION, GPU=$GPU ${gpu_build[*]}, $(uname -m)"
-        echo "$patch_set"
+        echo "$build_recipe"
         "$VENV/bin/python" -c 'import sys, sysconfig; print(sys.version, sysconfig.get_platform())'
         "$VENV/bin/python" -m pip freeze --all --exclude horovod --exclude pip
         "${CXX:-g++}" --version | sed -n 1p  # sed, not head: it reads all, so no SIGPIPE under pipefail
@@ -230,7 +233,7 @@ install_horovod() {
     fi
     "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$wheels/$key"/horovod-*.whl
     [ "$wheels" = "$HOROVOD_WHEELS" ] || rm -rf "$wheels"
-    echo "$patch_set" >"$built_with"
+    echo "$build_recipe" >"$built_with"
 }
 
 # Builds the patched wheel into a new folder beside $1 and renames it to $1 once whole, so an
@@ -243,7 +246,7 @@ build_horovod_wheel() {
     echo "setup: building horovod==$HOROVOD_VERSION with $patches patches (about 4 minutes)"
     building=$(mktemp -d "$1.building.XXXXXX")
     trap 'rm -rf "$building"' EXIT
-    env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    env "${gpu_build[@]}" CMAKE_TOOLCHAIN_FILE="$PWD/$BUILD_SETTINGS" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
         "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps \
         -w "$building" "$tree"
@@ -253,7 +256,7 @@ build_horovod_wheel() {
 }
 
 if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null \
-        || [ "$(cat "$built_with" 2>/dev/null)" != "$patch_set" ]; then
+        || [ "$(cat "$built_with" 2>/dev/null)" != "$build_recipe" ]; then
     install_horovod
 fi
 "$VENV/bin/python" -c "import sys, utils, horovod.tensorflow as h, tensorflow as tf; \
