@@ -50,14 +50,20 @@ root_cleanup() {
         m=${mounts[i]}
         umount -R "$m" 2>/dev/null || umount -R -l "$m" 2>/dev/null || true
     done
+    # and what others mounted there: a debootstrap stopped with us (Ctrl-C) still has the root's
+    # /proc and /sys mounted while its own exit handler runs, deepest first
+    for m in $(awk -v root="$ROOT/" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r); do
+        umount -l "$m" 2>/dev/null || true
+    done
     if [ "${keep:-0}" = 1 ]; then
         echo "root: kept $ROOT (its mounts undone)"
     elif grep -q " $ROOT[/ ]" /proc/mounts; then
         echo "error: $ROOT still has mounts (see /proc/mounts); not deleted" >&2
         status=1
-    else
-        rm -rf --one-file-system "$ROOT"
+    else  # again after a second if a process stopped with us was still writing there
+        rm -rf --one-file-system "$ROOT" 2>/dev/null || { sleep 1; rm -rf --one-file-system "$ROOT"; }
     fi
+    [ -n "${failed_log:-}" ] || rm -f "$ROOT.debootstrap.log"  # a stopped debootstrap's
     exit "$status"
 }
 
@@ -75,8 +81,8 @@ root_debootstrap() {  # SUITE MIRROR [COMPONENTS, e.g. main,non-free]
     chmod 755 "$ROOT"  # mktemp's folder is 0700: no user of the root could reach its /
     debootstrap --variant=minbase --components="$components" "$suite" "$ROOT" "$mirror" \
         >"$ROOT.debootstrap.log" 2>&1 || {
-        tail -5 "$ROOT.debootstrap.log" >&2
-        echo "error: debootstrap failed (log: $ROOT.debootstrap.log)" >&2; exit 1; }
+        tail -5 "$ROOT.debootstrap.log" >&2; failed_log=$ROOT.debootstrap.log
+        echo "error: debootstrap failed (log: $failed_log)" >&2; exit 1; }
     rm -f "$ROOT.debootstrap.log"
     mount -t proc proc "$ROOT/proc"; mounts+=("$ROOT/proc")
     mount -t sysfs sysfs "$ROOT/sys"; mounts+=("$ROOT/sys")
