@@ -246,7 +246,8 @@ build_horovod_wheel() {
     echo "setup: building horovod==$HOROVOD_VERSION with $patches patches (about 4 minutes)"
     building=$(mktemp -d "$1.building.XXXXXX")
     trap 'rm -rf "$building"' EXIT
-    env "${gpu_build[@]}" CMAKE_TOOLCHAIN_FILE="$PWD/$BUILD_SETTINGS" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    env "${gpu_build[@]}" CMAKE_TOOLCHAIN_FILE="$PWD/$BUILD_SETTINGS" \
+        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
         "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-cache-dir --no-deps \
         -w "$building" "$tree"
