@@ -6,6 +6,7 @@
 #                                                (default /tmp/ptb-TAG-XXXXXX) and keep (1:
 #                                                leave ROOT for a look, its mounts undone)
 #   root_debootstrap SUITE MIRROR [COMPONENTS]   debootstrap --variant=minbase, /proc /sys /dev
+#                                                (host_debootstrap first: the tool itself)
 #   root_carry_pip                               this host's pip settings, so pip inside works
 #   root_apt_install PACKAGE...                  apt-get inside
 #   root_user_with_clone REPO USER DATA          a sudo user, a clone of REPO's HEAD in its
@@ -70,13 +71,16 @@ root_cleanup() {
 in_root() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive "$@"; }
 
+host_debootstrap() {  # debootstrap on this host, installed with apt-get if missing
+    command -v debootstrap >/dev/null && return
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
+}
+
 root_debootstrap() {  # SUITE MIRROR [COMPONENTS, e.g. main,non-free]
     local suite=$1 mirror=$2 components=${3:-main}
     trap root_cleanup EXIT
-    command -v debootstrap >/dev/null || {
-        apt-get update -q >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
-    }
+    host_debootstrap
     mkdir -p "$ROOT"
     chmod 755 "$ROOT"  # mktemp's folder is 0700: no user of the root could reach its /
     debootstrap --variant=minbase --components="$components" "$suite" "$ROOT" "$mirror" \
