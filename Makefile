@@ -4,6 +4,8 @@
 # Offline machines: PTB_DATA_PATH=/path/to/ptb make ...   (a folder with ptb.{train,valid,test}.txt)
 # RUNS (default runs) holds the run folders; ARGS adds trainer flags (--set num_epochs=1, say);
 # TESTS narrows make test (TESTS="-m smoke": the quick-start check scripts/fresh_machine.sh runs).
+# TEST_WORKERS: test files run side by side in this many pytest workers (pytest-xdist; 0: in one
+# process). Most tests wait on their processes (timeouts, restarts, daemons) part of the time.
 PTB_DATA_PATH ?= data/ptb
 export PTB_DATA_PATH
 CONFIG ?= config_small
@@ -15,6 +17,7 @@ PY := .venv/bin/python
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 RUNS ?= runs
 ARGS ?=
+TEST_WORKERS ?= 2
 # runs/config_small-np2; a config given as a path (tests/config_tiny.py) is named by its file
 RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)$(if $(filter bf16,$(PRECISION)),-bf16)
 PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
@@ -33,7 +36,7 @@ single: setup data
 	    $(call RESUME,single) $(PRECISION_SET) $(ARGS)
 
 test: setup data slurm
-	$(PY) -m pytest -q $(TESTS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(TESTS)
 
 setup:
 	scripts/setup.sh

@@ -15,8 +15,9 @@ ARGS = ["--config", TINY, "--set", "steps_per_epoch=80", "--set", "num_epochs=3"
         "--set", "eval_steps=20", "--set", "checkpoint_every=20", "--log_every", "10"]
 
 
-def worker_pid(host):
-    """The pid of the training worker that the driver started for `host`."""
+def worker_pid(host, out):
+    """The pid of the training worker that the driver started for `host` in the run writing to
+    `out` (not another test's: make test runs test files side by side)."""
     for pid in os.listdir("/proc"):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -25,8 +26,8 @@ def worker_pid(host):
                 cmdline = f.read()
         except (OSError, ValueError):
             continue
-        if (b"lm_ptb_elastic.py" in cmdline and b"HOROVOD_RANK" in env
-                and env.get(b"HOROVOD_HOSTNAME") == host.encode()):
+        if (b"lm_ptb_elastic.py" in cmdline and out.encode() in cmdline.split(b"\0")
+                and b"HOROVOD_RANK" in env and env.get(b"HOROVOD_HOSTNAME") == host.encode()):
             return int(pid)
     return None
 
@@ -90,7 +91,7 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
         wait_for(progress_at(out, 1, 50), "progress in epoch 1", job)
         killed_at = time.time()
         list_hosts(two_hosts, "localhost:1")  # the second host is gone with its worker
-        os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)
+        os.kill(worker_pid("127.0.0.1", out), signal.SIGKILL)
         # the survivor goes on alone from its last commit
         wait_for(lambda: any(e["world_size"] == 1 for e in events(out, "progress")),
                  "progress at world size 1", job, timeout=60)
@@ -103,7 +104,7 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
         # that the host is back waits in its socket (Horovod's client sets no timeout) and is
         # read at SIGCONT, before the survivor's next commit.
         # 4x the cooldown's upper end, plus the driver's discovery each second
-        frozen_for(worker_pid("localhost"), 8,
+        frozen_for(worker_pid("localhost", out), 8,
                    meanwhile=lambda: list_hosts(two_hosts, "localhost:1", "127.0.0.1:1"))
         rc, output = finish(job)
     assert rc == 0, output[-3000:]
@@ -141,8 +142,8 @@ def test_the_last_worker_lost_ends_the_job_and_resume_continues(ptb_path, two_ho
     args = [*ARGS, "--data_path", ptb_path, "--output_dir", out, "--set", "num_epochs=2"]
     with ended(horovodrun(two_hosts, args)) as job:
         wait_for(progress_at(out, 1, 40), "progress in epoch 1", job)
-        os.kill(worker_pid("localhost"), signal.SIGKILL)
-        os.kill(worker_pid("127.0.0.1"), signal.SIGKILL)
+        os.kill(worker_pid("localhost", out), signal.SIGKILL)
+        os.kill(worker_pid("127.0.0.1", out), signal.SIGKILL)
         rc, output = finish(job, timeout=120)
     assert rc != 0, output[-3000:]
     assert "Horovod detected that one or more processes exited with non-zero status" in output
@@ -164,10 +165,10 @@ def test_a_new_rank_0_keeps_the_checkpoints_saved_before_it(ptb_path, two_hosts,
     with ended(job):
         wait_for(lambda: os.path.exists(os.path.join(out, "checkpoints", "ckpt-1.index")) and
                  progress_at(out, 2, 10)(), "progress in epoch 2", job)
-        first_chief = next(h for h in ("localhost", "127.0.0.1") if chief_is(h))
+        first_chief = next(h for h in ("localhost", "127.0.0.1") if chief_is(h, out))
         survivor = "127.0.0.1" if first_chief == "localhost" else "localhost"
         list_hosts(two_hosts, f"{survivor}:1")
-        os.kill(worker_pid(first_chief), signal.SIGKILL)
+        os.kill(worker_pid(first_chief, out), signal.SIGKILL)
         rc, output = finish(job)
     assert rc == 0, output[-3000:]
     assert [e["epoch"] for e in events(out, "epoch")] == [1, 2, 3]
@@ -189,7 +190,7 @@ def test_a_frozen_worker_is_waited_for_through_the_reset_and_both_go_on(ptb_path
                      env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
     with ended(job):
         wait_for(progress_at(out, 1, 30), "progress in epoch 1", job)
-        frozen_for(worker_pid("127.0.0.1"), 20)
+        frozen_for(worker_pid("127.0.0.1", out), 20)
         rc, output = finish(job)
     assert rc == 0, output[-3000:]
     assert "did not finish in" not in output, output[-3000:]
@@ -198,9 +199,9 @@ def test_a_frozen_worker_is_waited_for_through_the_reset_and_both_go_on(ptb_path
     assert [e["epoch"] for e in events(out, "epoch")] == [1, 2, 3]
 
 
-def chief_is(host):
+def chief_is(host, out):
     """Whether the worker the driver started for `host` is rank 0."""
-    pid = worker_pid(host)
+    pid = worker_pid(host, out)
     with open(f"/proc/{pid}/environ", "rb") as f:
         return b"HOROVOD_RANK=0\0" in f.read() + b"\0"
 
