@@ -76,7 +76,7 @@ def list_hosts(path, *hosts):
     os.replace(path.parent / "hosts.tmp", path)
 
 
-def run_script(args, timeout=120, env=None):
+def run_script(args, timeout=300, env=None):
     """Run a repo script in a fresh interpreter; returns CompletedProcess with text output."""
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=script_env(env))
@@ -102,10 +102,12 @@ def patterned_sentences(n, seed=0):
             for _ in range(n)]
 
 
-def mpirun(*apps, timeout=180, extra=()):
+def mpirun(*apps, timeout=420, extra=()):
     """Run lm_ptb_distributed.py under mpirun: each app is (nprocs, its arguments), the ranks
     numbered in the apps' order. Several apps run through tests/per_rank.py, not mpirun's MPMD
-    form, which Debian 13's Open MPI cannot run (see there)."""
+    form, which Debian 13's Open MPI cannot run (see there). The timeout bounds a hang, not the
+    speed: 2,000 tiny steps of 2 ranks outgrew 180 s on a 2-core AVX2-only EPYC while make
+    test's other worker and CI's fresh-machine build shared the cores."""
     cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
            "-bind-to", "none", "-x", "PYTHONUNBUFFERED=1", *extra,
            "-np", str(sum(n for n, _ in apps)), sys.executable]
