@@ -1,4 +1,5 @@
 import os
+import resource
 
 import pytest
 
@@ -17,6 +18,28 @@ LONG_FILES_FIRST = ["test_resume.py", "test_chaos.py", "test_faults.py", "test_e
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
+def cpu_seconds():
+    """User and system CPU of this process and of every child it (or they) waited for."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds (its trainers', mpirun ranks' and its own) as the property cpu_s
+    of the JUnit XML CI keeps: unlike wall times, they hardly change with what shares the cores,
+    so they say which tests cost the most (a process killed whole, not waited for, is left out)."""
+    if call.when == "teardown" and hasattr(item, "cpu_at_start"):
+        item.user_properties.append(("cpu_s", round(cpu_seconds() - item.cpu_at_start, 1)))
+    yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.cpu_at_start = cpu_seconds()
 
 
 @pytest.fixture(scope="session")

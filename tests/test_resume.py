@@ -198,7 +198,9 @@ def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(ptb_pa
     said = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert said and all("no checkpoint was saved yet" in line for line in said), stderr
     assert "finished epoch's checkpoint" not in stderr
-    r = mpirun((2, [*args, "--resume"]))
+    # the rerun, shortened to 100 steps (2,000 cost ~150 CPU s): what it shows, a start afresh
+    # with the stopped attempt's lines dropped, is in its first steps and its epoch line
+    r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=100"]))
     assert r.returncode == 0, r.stdout + r.stderr
     assert_started_afresh_once(out, r.stdout, epochs=1)
 
@@ -227,14 +229,17 @@ def test_make_single_stopped_in_its_first_epoch_continues_with_make_single(ptb_p
     assert_started_afresh_once(out, r.stdout)
 
 
+# 4 s of validation (40 windows of 0.1 s, sleeping), long enough to stop in: the SIGTERM comes
+# as soon as the epoch's checkpoint, which precedes validation, is on disk
+SLOW_VALIDATION = ["--set", "model='tests.slow_model:build_slow_eval'", "--set", "eval_steps=40"]
+
+
 def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
     """The checkpoint comes before validation: a stop there loses nothing, and the resumed run
     writes the missing epoch line, with the valid perplexity of the saved model."""
     out = str(tmp_path / "run")
-    # 1,000 windows of the valid set at batch 1: seconds of validation, long enough to stop in
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
-            "--set", "steps_per_epoch=30", "--set", "num_epochs=2",
-            "--set", "valid_batch_size=1", "--set", "eval_steps=1000"]
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=2", *SLOW_VALIDATION]
     job = start(args)
     saved = os.path.join(out, "checkpoints", "ckpt-2.index")
     stop_when(job, lambda: os.path.exists(saved))
@@ -255,10 +260,8 @@ def test_two_ranks_stopped_during_validation_both_validate_at_the_resume(ptb_pat
     other ranks, and all of them validate that epoch (none waits idle in a collective with no
     allowance for it), then rank 0 writes the line."""
     out = str(tmp_path / "run")
-    # 8,000 windows of 1 x 2 words: seconds of validation, long enough to stop in
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
-            "--set", "steps_per_epoch=30", "--set", "num_epochs=1", "--set", "valid_batch_size=1",
-            "--set", "valid_num_steps=2", "--set", "eval_steps=8000"]
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=1", *SLOW_VALIDATION]
     cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
            "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
     job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
