@@ -106,7 +106,7 @@ def noise_seed(seed, rank, step):
 
 # The steps are traced without AutoGraph: their loops and branches (over time steps, layers,
 # passes, `training`) run on Python values, so AutoGraph has nothing to convert, and converting
-# the model's code cost each process about 1.5 of its ~19 CPU seconds (a tiny 2-epoch run, AMD
+# the model's code cost each process about 1.7 of its ~19 CPU seconds (a tiny 2-epoch run, AMD
 # EPYC with AVX2 only). A model of your own that branches or loops on a tensor's value needs
 # tf.cond / tf.while_loop, or autograph=True in these three.
 
