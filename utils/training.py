@@ -107,8 +107,9 @@ def noise_seed(seed, rank, step):
 # The steps are traced without AutoGraph: their loops and branches (over time steps, layers,
 # passes, `training`) run on Python values, so AutoGraph has nothing to convert, and converting
 # the model's code cost each process about 1.7 of its ~19 CPU seconds (a tiny 2-epoch run, AMD
-# EPYC with AVX2 only). A model of your own that branches or loops on a tensor's value needs
-# tf.cond / tf.while_loop, or autograph=True in these three.
+# EPYC with AVX2 only: results/stack/ci/autograph-and-threads-ab-avx2.log). A model of your own
+# that branches or loops on a tensor's value needs tf.cond / tf.while_loop, or autograph=True
+# in these three.
 
 
 def make_train_step(model, optimizer, passes=1, seed=0, rank=0, replicas=1):
