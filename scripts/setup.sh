@@ -190,8 +190,12 @@ patched_horovod_source() {
     echo "$tree"
 }
 
-# utils first: the import check sees the Keras the trainers use (utils/__init__.py).
-check_horovod="import utils, horovod.tensorflow as h; assert $built"
+# The import check and setup's last line in one interpreter (TensorFlow's import is most of a
+# warm setup's 8 CPU s, and every make target runs setup); utils first: it sees the Keras the
+# trainers use (utils/__init__.py).
+check_horovod="import sys, utils, horovod.tensorflow as h, tensorflow as tf; assert $built; \
+print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
+      f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()} NCCL={bool(h.nccl_built())})')"
 # The patches and build settings Horovod was built with, recorded beside it: a checkout with
 # others (a new patch, say) rebuilds it, where the import check alone would keep the old build.
 build_recipe=$(cat "$PATCHES"/*.patch $([ "$GPU" = 1 ] && echo "$PATCHES-gpu"/*.patch) \
@@ -256,10 +260,8 @@ build_horovod_wheel() {
     trap - EXIT
 }
 
-if ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null \
-        || [ "$(cat "$built_with" 2>/dev/null)" != "$build_recipe" ]; then
+if [ "$(cat "$built_with" 2>/dev/null)" != "$build_recipe" ] \
+        || ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
     install_horovod
+    "$VENV/bin/python" -c "$check_horovod"
 fi
-"$VENV/bin/python" -c "import sys, utils, horovod.tensorflow as h, tensorflow as tf; \
-print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
-      f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()} NCCL={bool(h.nccl_built())})')"
