@@ -656,35 +656,31 @@ def verdict(report):
               if not f["lines"] and f["kind"] != "link_blip"]
     gave_up = [f"{f['kind']} at {f['before']}" for f in faults
                if f["kind"] in BLIPS and f["aborts"]]
-    checks = {
-        "every fault of the schedule injected, each kind at least --each times":
-            not report["not_injected"] and not short,
-        "the job finished its epochs": report["returncode"] == 0 and
-            [e["epoch"] for e in epochs] == list(range(1, report["num_epochs"] + 1)) and
-            any(e["event"] == "test" for e in report["events"]),
-        f"the final valid perplexity is the uninterrupted run's within {tolerance:.1%}":
-            bool(final and ref) and abs(final / ref - 1) <= tolerance,
-        "no process of the run is left": not report["leftovers"],
-        "every checkpoint on disk loads": all(v is None for v in report["checkpoints"].values()),
-        "metrics.jsonl parses line by line, each step once, in order": not report["metrics_whole"],
-        "every fault had a line of the trainer's (a short link blip may pass unseen)": not silent,
-        "no worker's rendezvous gave up in a blip shorter than Gloo's timeout": not gave_up,
-    }
-    details = {
-        "every fault of the schedule injected, each kind at least --each times":
-            f"not injected {report['not_injected']}, short {short}",
-        "no process of the run is left": f"pids {report['leftovers']}",
-        "every checkpoint on disk loads": str({k: v for k, v in report["checkpoints"].items()
-                                               if v}),
-        "metrics.jsonl parses line by line, each step once, in order":
-            "; ".join(report["metrics_whole"]),
-        "every fault had a line of the trainer's (a short link blip may pass unseen)":
-            ", ".join(silent),
-        "no worker's rendezvous gave up in a blip shorter than Gloo's timeout":
-            ", ".join(gave_up),
-    }
-    for name, ok in checks.items():
-        say(("ok: " if ok else "FAILED: ") + name + ("" if ok else f" ({details.get(name, '')})"))
+    # (check, held, what failed it): each check's name once, its detail beside it
+    results = [
+        ("every fault of the schedule injected, each kind at least --each times",
+         not report["not_injected"] and not short,
+         f"not injected {report['not_injected']}, short {short}"),
+        ("the job finished its epochs",
+         report["returncode"] == 0 and
+         [e["epoch"] for e in epochs] == list(range(1, report["num_epochs"] + 1)) and
+         any(e["event"] == "test" for e in report["events"]), ""),
+        (f"the final valid perplexity is the uninterrupted run's within {tolerance:.1%}",
+         bool(final and ref) and abs(final / ref - 1) <= tolerance, ""),
+        ("no process of the run is left", not report["leftovers"],
+         f"pids {report['leftovers']}"),
+        ("every checkpoint on disk loads", all(v is None for v in report["checkpoints"].values()),
+         str({k: v for k, v in report["checkpoints"].items() if v})),
+        ("metrics.jsonl parses line by line, each step once, in order",
+         not report["metrics_whole"], "; ".join(report["metrics_whole"])),
+        ("every fault had a line of the trainer's (a short link blip may pass unseen)",
+         not silent, ", ".join(silent)),
+        ("no worker's rendezvous gave up in a blip shorter than Gloo's timeout",
+         not gave_up, ", ".join(gave_up)),
+    ]
+    for name, ok, detail in results:
+        say(("ok: " if ok else "FAILED: ") + name + ("" if ok else f" ({detail})"))
+    checks = {name: ok for name, ok, _ in results}
     report["checks"] = checks
     return all(checks.values())
 

@@ -263,5 +263,9 @@ build_horovod_wheel() {
 if [ "$(cat "$built_with" 2>/dev/null)" != "$build_recipe" ] \
         || ! "$VENV/bin/python" -c "$check_horovod" 2>/dev/null; then
     install_horovod
-    "$VENV/bin/python" -c "$check_horovod"
+    "$VENV/bin/python" -c "$check_horovod" || {
+        echo "error: the Horovod just installed fails setup's import check ($built): its" \
+            "build lacks what it needs; see the build's output above" >&2
+        exit 1
+    }
 fi
