@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from utils import child_env  # noqa: E402
-from utils.config import ConfigError  # noqa: E402
+from utils.config import ConfigError, load_config  # noqa: E402
 
 
 def parse_variant(text):
@@ -45,21 +45,21 @@ class _Quiet:
         pass
 
 
-def serve(config_name, threads, batch, data_path=None):
+def serve(config_name, overrides, threads, batch, data_path=None):
     """A worker: build the model and its train step, warm up, then on each 'N' line from the
     driver run N steps (with data_path: train_epoch over N real windows, each burst at the
     next ones) and answer with the seconds they took."""
     from utils import config, import_tensorflow, training  # TF_USE_LEGACY_KERAS set first
     tf = import_tensorflow()
-    from utils.model import build_model
+    from utils.model import build
     # a variant may set TensorFlow's own TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS
     if "TF_NUM_INTRAOP_THREADS" not in os.environ:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
     if "TF_NUM_INTEROP_THREADS" not in os.environ:
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    cfg = config.load_config(config_name)
+    cfg = config.load_config(config_name, overrides)
     batch = batch or cfg["batch_size"]
-    model = build_model(cfg, 10000)
+    model = build(cfg, 10000)  # the config's model: another one is timed the same way
     step = training.make_train_step(model, training.make_optimizer(cfg))
     ids = tf.random.stateless_uniform([batch, cfg["num_steps"]], [1, 2], maxval=10000,
                                       dtype=tf.int32)
@@ -98,6 +98,7 @@ def serve_loop(step, model, cfg, batch, data_path):
 
 def start_worker(label, python, env, args):
     cmd = [python, os.path.abspath(__file__), "--serve", "--config", args.config,
+           *(f"--set={item}" for item in args.set),
            "--threads", str(args.threads), "--batch_size", str(args.batch_size),
            *(["--loop", "--data_path", args.data_path] if args.loop else [])]
     try:
@@ -143,6 +144,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", action="append", default=[], help="LABEL=PYTHON[:NAME=VALUE,...]")
     p.add_argument("--config", default="config_small")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value in every variant, as the trainers' --set does "
+                        "(precision='bf16', say)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--batch_size", type=int, default=0, help="0: the config's")
     p.add_argument("--rounds", type=int, default=30)
@@ -154,9 +158,10 @@ def main(argv=None):
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        return serve(args.config, args.threads, args.batch_size,
+        return serve(args.config, args.set, args.threads, args.batch_size,
                      args.data_path if args.loop else None)
     try:
+        load_config(args.config, args.set)  # a bad name or value: one line, before any worker
         variants = [parse_variant(v) for v in args.variant]
         if len(variants) < 2:
             raise ConfigError("give two --variant or more: the first is what the others are "
@@ -171,17 +176,19 @@ def main(argv=None):
     from scripts.record_env import cpu_model
     result = measure(variants, args)
     what = "train_epoch loop (real windows)" if args.loop else "train step"
-    print(f"{args.config} {what}, {args.threads} threads, {cpu_model()}, {args.rounds} rounds "
-          f"of {args.steps} steps in turns; ratio: median of within-round ratios to the first")
+    sets = "".join(f" --set {item}" for item in args.set)
+    print(f"{args.config}{sets} {what}, {args.threads} threads, {cpu_model()}, {args.rounds} "
+          f"rounds of {args.steps} steps in turns; ratio: median of within-round ratios to the "
+          "first")
     for label, r in result.items():
         extra = " ".join(f"{k}={v}" for k, v in r["env"].items())
         print(f"  {label:<24} {r['ms_per_step']:7.1f} ms  {r['vs_first']:.3f}x  ({r['stack']}"
               f"{', ' + extra if extra else ''})")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"config": args.config, "what": what, "threads": args.threads, "cpu": cpu_model(),
-                       "rounds": args.rounds, "steps": args.steps, "variants": result}, f,
-                      indent=1)
+            json.dump({"config": args.config, "set": args.set, "what": what,
+                       "threads": args.threads, "cpu": cpu_model(), "rounds": args.rounds,
+                       "steps": args.steps, "variants": result}, f, indent=1)
     return result
 
 

@@ -39,6 +39,25 @@ def test_a_variants_environment_reaches_its_worker_and_a_failed_start_is_one_lin
     assert r.stderr.strip().splitlines()[-1].startswith("error: variant 'broken'"), r.stderr
 
 
+def test_a_set_reaches_every_worker_and_a_bad_one_is_refused_before_any(tmp_path):
+    out = tmp_path / "steptime.json"
+    r = run("--variant", f"a={sys.executable}", "--variant", f"b={sys.executable}",
+            "--set", "precision='bf16'", "--rounds", "1", "--steps", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["set"] == ["precision='bf16'"]
+    assert "--set precision='bf16'" in r.stdout
+    # a model that cannot be loaded passes the config's checks and fails in the worker: the set
+    # reached it
+    r = run("--variant", f"a={sys.executable}", "--variant", f"b={sys.executable}",
+            "--set", "model='no_such_module:build'", "--rounds", "1")
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].startswith("error: variant 'a'"), r.stderr
+    r = run("--variant", f"a={sys.executable}", "--variant", f"b={sys.executable}",
+            "--set", "no_such_key=1")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "no_such_key" in lines[0], r.stderr
+
+
 def test_bad_variants_are_refused_in_one_line():
     for args in (["--variant", "no-python-given"], ["--variant", f"only={sys.executable}"],
                  ["--variant", f"a={sys.executable}", "--variant", "b=/nonexistent/python"],
