@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
-from utils import config  # noqa: E402
+from utils import KERNEL_DEFAULTS, config  # noqa: E402
 
 DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs
 EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
@@ -42,9 +42,8 @@ EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a b
 STEP_CHECKPOINTS = 100
 STOP_WAIT_S = 300  # a step, a save in progress, or a validation under way (large: minutes)
 # TensorFlow's settings that choose its kernels (not the precision), which the trainer command
-# does not show: a sitting records those it ran with. TF_ENABLE_ONEDNN_OPTS=1 turns on oneDNN's
-# fp32 kernels where TensorFlow leaves them off (CPUs without AVX-512 VNNI): the large step took
-# 0.85x the time on an AVX2-only EPYC (results/bench/steptime-large-onednn-avx2.json).
+# does not show: a sitting records those it ran with, utils' defaults included (oneDNN on every
+# x86 CPU since 2026-11-27; before, TensorFlow's: on only with AVX-512 VNNI or newer).
 KERNEL_SETTINGS = ("TF_ENABLE_ONEDNN_OPTS",)
 
 
@@ -76,9 +75,10 @@ def names(args):
 def make_command(args, settings=None):
     """The make command that starts or continues this run; RUNS too where it is not the default,
     since the same command without it refuses to start the run again elsewhere, and the kernel
-    settings its last sitting ran with."""
+    settings its last sitting ran with where they are not what the trainers set by default."""
     runs_dir = os.path.abspath(args.runs_dir)
-    return " ".join([*(f"{name}={value}" for name, value in (settings or {}).items()),
+    return " ".join([*(f"{name}={value}" for name, value in (settings or {}).items()
+                       if KERNEL_DEFAULTS.get(name) != value),
                      f"make reproduce CONFIG={args.config}",
                      *([f"NP={args.np}"] if args.np != 2 else []),
                      *([f"PRECISION={args.precision}"] if args.precision != "fp32" else []),

@@ -1,7 +1,8 @@
 """utils/logs.py RunLog.resume on hand-written metrics.jsonl files: what it keeps and rebuilds; and
-TensorFlow's start-up notes kept out of stderr (utils.import_tensorflow)."""
+TensorFlow's start-up notes kept out of stderr (utils.import_tensorflow), oneDNN on by default."""
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -70,7 +71,7 @@ IMPORTER = "from utils import import_tensorflow; print(import_tensorflow().__nam
 
 def import_with_fake_tensorflow(tmp_path, body):
     """Run import_tensorflow() against a `tensorflow` package of `body` that is found first: the
-    real one prints the two notes only on some CPUs (oneDNN on by default)."""
+    real one prints the two notes only where oneDNN is on (not with TF_ENABLE_ONEDNN_OPTS=0)."""
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(body)
     env = script_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
@@ -96,6 +97,24 @@ def test_a_failing_tensorflow_import_shows_what_it_printed_and_why(tmp_path):
     assert r.returncode == 1
     assert r.stderr.startswith("E0000 something TensorFlow really reports\nTraceback")
     assert "ImportError: no libcudart" in r.stderr and "oneDNN" not in r.stderr
+
+
+ONEDNN = ("from utils import import_tensorflow; import_tensorflow(); "
+          "from tensorflow.python.util import _pywrap_util_port as port; "
+          "print(port.IsMklEnabled())")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="utils turns oneDNN on on x86 only")
+def test_onednn_is_on_without_a_setting_off_when_asked_and_its_start_up_notes_are_dropped():
+    # TensorFlow's own default leaves it off on CPUs without AVX-512 VNNI (this AVX2-only EPYC)
+    env = script_env()
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)  # conftest's import of utils set it in this process
+    on, off = (subprocess.run([sys.executable, "-c", ONEDNN], env=e, cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+               for e in (env, dict(env, TF_ENABLE_ONEDNN_OPTS="0")))
+    assert (on.returncode, on.stdout) == (0, "True\n"), on.stderr
+    assert (off.returncode, off.stdout) == (0, "False\n"), off.stderr
+    assert "oneDNN custom operations" not in on.stderr and "absl::InitializeLog" not in on.stderr
 
 
 def test_a_baseline_epoch_resumed_inside_it_counts_as_its_whole_epoch(tmp_path):

@@ -1,10 +1,11 @@
 """Everything the two trainers share that is not about distribution.
 
-Imported before TensorFlow (every script does so), it sets the two variables TensorFlow reads
-once, when it is first imported; the modules that use TensorFlow import it through
+Imported before TensorFlow (every script does so), it sets the variables TensorFlow reads once,
+when it is first imported; the modules that use TensorFlow import it through
 import_tensorflow(), without the start-up notes that ignore TF_CPP_MIN_LOG_LEVEL."""
 import importlib.util
 import os
+import platform
 import sys
 import tempfile
 
@@ -18,9 +19,18 @@ if importlib.util.find_spec("tf_keras"):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
 
+# TensorFlow's x86 builds run oneDNN's kernels by default only on CPUs with AVX-512 VNNI or
+# newer units; on the others (the AVX2-only EPYCs here) Eigen's run, and with oneDNN's the fp32
+# train steps took 0.81x-0.97x their time, bf16's 0.63x, slower in no config or thread count
+# measured (results/bench/onednn-avx2/). So oneDNN on every x86 CPU; TF_ENABLE_ONEDNN_OPTS=0
+# turns it off.
+KERNEL_DEFAULTS = {"TF_ENABLE_ONEDNN_OPTS": "1"} if platform.machine() == "x86_64" else {}
+for _name, _value in KERNEL_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
+
 # Since TensorFlow 2.19 a few notes are logged before TF_CPP_MIN_LOG_LEVEL is read (tensorflow
-# issue 100442): on CPUs with AVX-512 VNNI or BF16, where oneDNN is on by default, every start
-# prints them, and a bad input's one-line error would come after four lines of them.
+# issue 100442): wherever oneDNN is on, every start prints them, and a bad input's one-line
+# error would come after four lines of them.
 STARTUP_NOTES = ("WARNING: All log messages before absl::InitializeLog() is called are written "
                  "to STDERR", "oneDNN custom operations are on")
 
