@@ -8,8 +8,9 @@
 command, not the machine), with --resume when the run folder holds a run, appending its
 output to <run>/train.log, and records the start (time, commit, CPU, command) as a segment.
 `status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
-results table reads into results/runs/<size>-<NP>workers/ (kind "running" while it runs,
-"partial" when stopped before its last epoch, "full" when done), ready to commit. Checkpoints stay in runs/ (about 80 MB for medium; not in git).
+results table reads, and train.log, into results/runs/<size>-<NP>workers/ (kind "running"
+while it runs, "partial" when stopped before its last epoch, "full" when done), ready to commit.
+Checkpoints stay in runs/ (about 80 MB for medium; not in git).
 `stop` sends SIGTERM to the ranks: each ends its step, and rank 0 says which checkpoint is kept.
 A start that finds no run folder where results/ holds an unfinished run's logs (its machine
 ended, checkpoints and all) moves those logs to <row>-lost-<its start>/, a partial run, and
@@ -23,6 +24,7 @@ import datetime
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -350,12 +352,12 @@ def shared(args):
 
 
 def keep(run_dir, results_dir, command, kind):
-    """Copy what the results table reads, so the logs can be committed as the run goes."""
+    """Copy what the results table reads, and the console's log (each sitting's resume and stop
+    lines), so the logs can be committed as the run goes."""
     os.makedirs(results_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        metrics = f.read()
-    with open(os.path.join(results_dir, "metrics.jsonl"), "w") as f:
-        f.write(metrics)
+    for name in ("metrics.jsonl", "train.log"):
+        with contextlib.suppress(FileNotFoundError):  # a run started by hand has no train.log
+            shutil.copyfile(os.path.join(run_dir, name), os.path.join(results_dir, name))
     with open(os.path.join(run_dir, "segments.jsonl")) as f:
         segments = [json.loads(line) for line in f]
     first = segments[0]

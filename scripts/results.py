@@ -27,7 +27,8 @@ RUNS = os.path.join(RESULTS, "runs")  # the training runs: a folder each, with r
 # results/README.md opens with where each kind of result lives
 LAYOUT = [("runs/", "the training runs: the table's rows, the one-process and bounded runs "
                     "beside them, the bf16 runs; each folder its metrics.jsonl and run.json "
-                    "(command, date, commit, machine), and the plots of them"),
+                    "(command, date, commit, machine), some the console's train.log, and the "
+                    "plots of them"),
           ("bench/", "`make bench`, `make bench-tune` and their probes: words/sec, matmul "
                      "ceilings and floors, what bounds 2 ranks on one host"),
           ("studies/", "comparisons and studies: Horovod against tf.distribute (`make "

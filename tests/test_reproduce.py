@@ -81,6 +81,8 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     log = (run_dir / "train.log").read_text()
     for epoch in range(second["epochs_done_at_start"] + 1, 4):
         assert f"[ptb] epoch {epoch}/3 done" in log, log
+    # the console's log goes beside the metrics, to be committed with them
+    assert (kept / "train.log").read_text() == log and "stopped by SIGTERM" in log
 
 
 def test_stop_lets_the_ranks_end_a_step_longer_than_mpiruns_grace(corpus, tmp_path):
