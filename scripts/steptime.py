@@ -49,7 +49,7 @@ def serve(config_name, overrides, threads, batch, data_path=None):
     """A worker: build the model and its train step, warm up, then on each 'N' line from the
     driver run N steps (with data_path: train_epoch over N real windows, each burst at the
     next ones) and answer with the seconds they took."""
-    from utils import config, import_tensorflow, training  # TF_USE_LEGACY_KERAS set first
+    from utils import import_tensorflow, training  # TF_USE_LEGACY_KERAS set first
     tf = import_tensorflow()
     from utils.model import build
     # a variant may set TensorFlow's own TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS
@@ -57,7 +57,7 @@ def serve(config_name, overrides, threads, batch, data_path=None):
         tf.config.threading.set_intra_op_parallelism_threads(threads)
     if "TF_NUM_INTEROP_THREADS" not in os.environ:
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    cfg = config.load_config(config_name, overrides)
+    cfg = load_config(config_name, overrides)
     batch = batch or cfg["batch_size"]
     model = build(cfg, 10000)  # the config's model: another one is timed the same way
     step = training.make_train_step(model, training.make_optimizer(cfg))
