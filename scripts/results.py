@@ -187,6 +187,16 @@ def epoch_by_epoch(runs):
     return rows
 
 
+def lost_note(runs, *row):
+    """What a row showing an attempt lost with its machine adds: that it was, and how far the
+    run started again has come (the row shows the lost one until the new one passes it)."""
+    lost = next((r for r in row if r and r.get("lost")), None)
+    if lost is None:
+        return ""
+    again = started_again(runs, lost["config"]["name"])
+    return "; its machine ended" + (f"; started again: {epoch_count(again)} so far" if again else "")
+
+
 def table(runs):
     rows = ["| config | run | epochs | train ppl, 2 workers / 1 process | valid ppl, 2 / 1 | "
             "test ppl, 2 / 1 | time/epoch, 2 workers | time/epoch, 1 process | speedup |",
@@ -196,7 +206,8 @@ def table(runs):
         label = {"full": "full",
                  "running": f"running ({epochs} of {paper_epochs(name)} epochs so far)",
                  "partial": f"partial ({epochs} of {paper_epochs(name)} epochs"
-                 + (f"; {borrowed_from(dist)}" if borrowed_from(dist) else "") + ")",
+                 + (f"; {borrowed_from(dist)}" if borrowed_from(dist) else "")
+                 + lost_note(runs, single, dist) + ")",
                  "bounded": "bounded (time from the first steps)"}[kind]
         if kind == "bounded":
             cells = ["—"] * 4

@@ -187,6 +187,11 @@ def test_an_attempt_lost_with_its_machine_stays_the_row_until_the_new_run_passes
     longer = dict(run("partial", 1, [epoch(n, 290.0, 190.0, 600.0) for n in (1, 2, 3)]),
                   name="small-1-lost-2", lost="after 3 epochs")
     assert [r[2] for r in results.row_runs([shorter, longer])] == [longer]
+    # and says it was lost, and how far the run started again has come
+    again = dict(run("partial", 1, [epoch(1, 300.0, 200.0, 900.0)]), segments=[{}])
+    assert results.table([longer, again])[2].startswith(
+        "| small | partial (3 of 13 epochs; its machine ended; started again: 1 so far) | 3 |")
+    assert results.table([again])[2].startswith("| small | partial (1 of 13 epochs) | 1 |")
 
 
 def test_the_bf16_table_sets_each_epoch_beside_the_fp32_runs_same_epoch():
