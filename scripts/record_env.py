@@ -22,17 +22,22 @@ def first_line(cmd):
         return None
 
 
-def cpu_model():
-    """The CPU's name and which of SIMD_FLAGS it has: "AMD EPYC" has come with and without
-    AVX-512 here, and the speed (and oneDNN being on) differs between the two."""
-    name, flags = platform.processor(), set()
-    with open("/proc/cpuinfo") as f:
+def cpu_model(cpuinfo="/proc/cpuinfo"):
+    """The CPU's name, family and model, and which of SIMD_FLAGS it has: "AMD EPYC" has come
+    here as a Zen 3 (family 25 model 1) and a Zen 4 (model 17), with and without AVX-512, and
+    the speed (and oneDNN being on by default) differs between them."""
+    fields, flags = {}, set()
+    with open(cpuinfo) as f:
         for line in f:
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):  # the first core's, after its model name
-                flags = set(line.split(":", 1)[1].split())
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "flags":  # the first core's, after its name, family and model
+                flags = set(value.split())
                 break
+            fields.setdefault(key, value.strip())
+    name = fields.get("model name") or platform.processor()
+    if fields.get("cpu family") and fields.get("model"):
+        name += f" family {fields['cpu family']} model {fields['model']}"
     return f"{name} ({', '.join(f for f in SIMD_FLAGS if f in flags) or 'no AVX2'})"
 
 

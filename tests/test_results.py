@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from scripts import results
+from scripts import record_env, results
 from tests.helpers import REPO
 
 
@@ -225,3 +225,14 @@ def test_no_file_under_results_is_ignored_by_git():
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=REPO,
                              capture_output=True, text=True).stdout.split()
     assert files and not ignored, f"git ignores {ignored[:3]}: fix .gitignore"
+
+
+def test_a_run_names_its_cpu_by_family_and_model_and_its_vector_units(tmp_path):
+    # "AMD EPYC" alone was a Zen 3 in one sitting and a Zen 4 in the next, at other speeds
+    cpuinfo = tmp_path / "cpuinfo"
+    core = ("processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\nstepping\t: 0\nflags\t\t: fpu sse2 avx2 fma{more}\n\n")
+    cpuinfo.write_text(core.format(n=0, more="") + core.format(n=1, more=" avx512f"))
+    assert record_env.cpu_model(str(cpuinfo)) == "AMD EPYC family 25 model 17 (avx2, fma)"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fp asimd\n")  # no name, family or model
+    assert record_env.cpu_model(str(cpuinfo)).endswith(" (no AVX2)")
