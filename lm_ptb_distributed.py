@@ -1,4 +1,4 @@
-"""Train the PTB word-level LSTM language model data-parallel with Horovod.
+r"""Train the PTB word-level LSTM language model data-parallel with Horovod.
 
 This is lm_ptb.py plus Horovod: past this docstring, every line `diff lm_ptb.py
 lm_ptb_distributed.py` shows is tagged `# Horovod N:` after the numbered steps in README.md,

@@ -1,4 +1,4 @@
-"""Train the PTB word-level LSTM language model with Horovod elastic: workers may be lost or
+r"""Train the PTB word-level LSTM language model with Horovod elastic: workers may be lost or
 added while it trains, and it goes on with those that are left.
 
 This is lm_ptb_distributed.py plus Horovod elastic: `diff lm_ptb_distributed.py

@@ -1,4 +1,4 @@
-"""The benchmark's peer: the same model and training step in PyTorch, for `make bench` only.
+r"""The benchmark's peer: the same model and training step in PyTorch, for `make bench` only.
 
 Runs in its own virtual environment (.venv-peer, requirements-peer.txt); nothing in the
 trainers or tests imports it. Same sizes, initialisation range, dropout placement (embedding

@@ -1,6 +1,10 @@
-"""Configs, --set parsing, and the learning-rate schedule."""
+"""Configs, --set parsing, the learning-rate schedule, and the scripts' --help."""
+import ast
+import os
+
 import pytest
 
+from tests.helpers import REPO
 from utils import config
 from utils.training import learning_rate
 
@@ -98,3 +102,31 @@ def test_horovod_options_default_when_a_config_omits_them(tmp_path):
         "valid_batch_size": None, "valid_num_steps": None, "model": "utils.model:build_model",
         "step_timeout_s": 600, "checkpoint_every": None, "precision": "fp32"}
     assert config.load_config("config_small", ["reduce_type='param'"])["reduce_type"] == "param"
+
+
+def test_help_keeps_the_scripts_example_commands_on_lines_of_their_own(capsys):
+    doc = "Train it.\n\nOne process:\n    python lm_ptb.py --config config_small\n"
+    with pytest.raises(SystemExit) as stop:
+        config.parse_args(["--help"], doc)
+    out = capsys.readouterr().out
+    assert stop.value.code == 0
+    assert "\n    python lm_ptb.py --config config_small\n" in out, out
+    assert "--seed SEED           seeds the initial weights" in out, out
+
+
+def test_every_scripts_docstring_keeps_its_line_breaks():
+    # a "\" ending a command's line in a plain docstring joins the lines: --help showed the
+    # two-host mpirun command as one line with the next line's indentation inside it
+    scripts = [os.path.join(folder, name) for folder in (REPO, *(os.path.join(REPO, d)
+               for d in ("scripts", "launch", "utils", "data", ".ci")))
+               if os.path.isdir(folder) for name in sorted(os.listdir(folder))
+               if name.endswith(".py")]
+    joined = []
+    for path in scripts:
+        source = open(path).read()
+        body = ast.parse(source).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            doc = body[0].value
+            if doc.value.count("\n") != ast.get_source_segment(source, doc).count("\n"):
+                joined.append(os.path.relpath(path, REPO))
+    assert len(scripts) > 20 and not joined, f"make these docstrings raw (r\"\"\"): {joined}"

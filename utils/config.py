@@ -71,7 +71,9 @@ class ConfigError(Exception):
 
 
 def parse_args(argv=None, description=None):
-    p = argparse.ArgumentParser(description=description)
+    # the script's docstring as written: its example commands are lines of their own
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="config_small",
                    help="config module name (config_small) or path to a .py file")
     p.add_argument("--data_path", default=DEFAULT_DATA_PATH,
@@ -79,7 +81,8 @@ def parse_args(argv=None, description=None):
                         "(default: $PTB_DATA_PATH or data/ptb)")
     p.add_argument("--output_dir", default="runs/latest",
                    help="metrics.jsonl and checkpoints go here")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234,
+                   help="seeds the initial weights and the dropout masks (default: 1234)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key with a Python literal; repeatable")
     p.add_argument("--resume", action="store_true",
