@@ -49,6 +49,8 @@ def test_set_overrides_with_python_literals():
 
 @pytest.mark.parametrize("item, message", [
     ("nope=1", "unknown key 'nope'; valid keys: init_scale"),
+    ("num_epoch=1", "unknown key 'num_epoch' \\(did you mean num_epochs\\?\\); valid keys: "),
+    ("lr=1", "unknown key 'lr'; valid keys: "),  # nothing near enough to name
     ("num_epochs=1.5", "num_epochs must be int, got 1.5"),
     ("num_epochs=True", "num_epochs must be int"),
     ("num_epochs=[1", "cannot parse '\\[1' as a Python literal"),
@@ -66,13 +68,17 @@ def test_config_files_unknown_missing_and_paths(tmp_path):
     with pytest.raises(config.ConfigError, match="unknown config 'config_tiny'; use one of "
                                                  "config_large, config_medium, config_small"):
         config.load_config("config_tiny")
+    with pytest.raises(config.ConfigError, match="unknown config 'config_smal' \\(did you mean "
+                                                 "config_small\\?\\); use one of"):
+        config.load_config("config_smal")
     base = open(config.REPO + "/config_small.py").read()
     good = tmp_path / "mine.py"
     good.write_text(base.replace("hidden_size = 200", "hidden_size = 8"))
     assert config.load_config(str(good))["hidden_size"] == 8
     extra = tmp_path / "extra.py"
     extra.write_text(base + "\nhiden_size = 3\n")
-    with pytest.raises(config.ConfigError, match="unknown key\\(s\\) hiden_size"):
+    with pytest.raises(config.ConfigError, match="unknown key\\(s\\) hiden_size \\(did you mean "
+                                                 "hidden_size\\?\\); valid keys"):
         config.load_config(str(extra))
     lacking = tmp_path / "lacking.py"
     lacking.write_text(base.replace("lr_decay = 0.5\n", ""))

@@ -1,6 +1,7 @@
 """Command line and configs: the flags both trainers share, config modules, `--set`."""
 import argparse
 import ast
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -110,7 +111,7 @@ def load_config(name_or_path, overrides=()):
     unknown = sorted(set(cfg) - set(SCHEMA))
     missing = sorted(set(SCHEMA) - set(cfg) - set(DEFAULTS))
     if unknown:
-        raise ConfigError(f"config {name_or_path} has unknown key(s) {', '.join(unknown)}; "
+        raise ConfigError(f"config {name_or_path} has unknown key(s) {_named(unknown, SCHEMA)}; "
                           f"valid keys: {', '.join(SCHEMA)}")
     if missing:
         raise ConfigError(f"config {name_or_path} lacks key(s) {', '.join(missing)}; "
@@ -131,7 +132,8 @@ def _import_config(name_or_path):
         path = os.path.join(REPO, name_or_path + ".py")
     if not os.path.isfile(path):
         choices = sorted(f[:-3] for f in os.listdir(REPO) if f.startswith("config_"))
-        raise ConfigError(f"unknown config {name_or_path!r}; use one of {', '.join(choices)} "
+        raise ConfigError(f"unknown config {_named([name_or_path], choices, repr)}; use one of "
+                          f"{', '.join(choices)} "
                           "or a path to a .py file")
     if not path.endswith(".py"):
         raise ConfigError(f"config {name_or_path} is not a Python file; a config is a .py module "
@@ -150,13 +152,24 @@ def _import_config(name_or_path):
     return module
 
 
+def _named(names, choices, show=str):
+    """Unknown names for an error line, each with the closest valid one, if any is close: a
+    typo's fix is then in the line, not in a list of 28 keys."""
+    def one(name):
+        # a typo's near twin only: at difflib's default 0.6, config_tiny got config_medium
+        close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.8)
+        return show(name) + (f" (did you mean {close[0]}?)" if close else "")
+    return ", ".join(map(one, names))
+
+
 def _parse_override(item):
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep:
         raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set num_epochs=1")
     if key not in SCHEMA:
-        raise ConfigError(f"--set: unknown key {key!r}; valid keys: {', '.join(SCHEMA)}")
+        raise ConfigError(f"--set: unknown key {_named([key], SCHEMA, repr)}; valid keys: "
+                          f"{', '.join(SCHEMA)}")
     try:
         value = ast.literal_eval(text.strip())
     except (ValueError, SyntaxError):
