@@ -192,8 +192,10 @@ patched_horovod_source() {
 
 # The import check and setup's last line in one interpreter (TensorFlow's import is most of a
 # warm setup's 8 CPU s, and every make target runs setup); utils first: it sees the Keras the
-# trainers use (utils/__init__.py).
-check_horovod="import sys, utils, horovod.tensorflow as h, tensorflow as tf; assert $built; \
+# trainers use (utils/__init__.py), and its import_tensorflow holds back TensorFlow's start-up
+# notes, which a fresh machine's setup printed twice here once the trainers turned oneDNN on.
+check_horovod="import sys, utils; tf = utils.import_tensorflow(); import horovod.tensorflow as h; \
+assert $built; \
 print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
       f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()} NCCL={bool(h.nccl_built())})')"
 # The patches and build settings Horovod was built with, recorded beside it: a checkout with

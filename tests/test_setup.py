@@ -210,3 +210,17 @@ def test_the_gpu_build_check_refuses_missing_data_in_one_line_and_leaves_nothing
     one_error_line(r, "error: PTB_DATA_PATH must name" if os.geteuid() == 0 else
                    "error: gpu_build_check.sh needs root")
     assert set(glob.glob("/tmp/ptb-gpu-*")) == before and not log.exists()
+
+
+def test_setups_import_check_prints_its_one_line_and_no_tensorflow_notes():
+    """The check setup runs after installing Horovod (on a fresh machine, every first setup),
+    with oneDNN on as the trainers set it: TensorFlow's start-up notes, which ignore
+    TF_CPP_MIN_LOG_LEVEL, printed twice there before utils.import_tensorflow held them back."""
+    script = ("set -eu; built='h.mpi_built() and h.gloo_built()'; "
+              "eval \"$(sed -n '/^check_horovod=/,/)\"$/p' scripts/setup.sh)\"; "
+              ".venv/bin/python -c \"$check_horovod\"")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    r = subprocess.run([shutil.which("bash"), "-c", script], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("setup: ok (Python 3."), r.stdout + r.stderr
+    assert "oneDNN custom operations" not in r.stderr and "absl" not in r.stderr, r.stderr
