@@ -194,7 +194,8 @@ def lost_note(runs, *row):
     if lost is None:
         return ""
     again = started_again(runs, lost["config"]["name"])
-    return "; its machine ended" + (f"; started again: {epoch_count(again)} so far" if again else "")
+    return "; its machine ended" + (f"; started again: {epoch_count(again)} so far"
+                                     if again else "")
 
 
 def table(runs):
