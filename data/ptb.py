@@ -270,12 +270,18 @@ def main(argv=None):
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    ok = True
+    wrong = []
     for name in FILES:
         got = md5_of(os.path.join(args.data_path, name))
-        ok &= got == MD5[name]
+        if got != MD5[name]:
+            wrong.append(name)
         print(f"{name}: md5 {got} {'ok' if got == MD5[name] else 'MISMATCH, expected ' + MD5[name]}")
-    return 0 if ok else 1
+    if wrong:
+        print(f"error: {', '.join(wrong)} in {args.data_path} are not PTB's own; delete them and "
+              "run this again to download the originals, or point --data_path / PTB_DATA_PATH "
+              "at a good copy", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

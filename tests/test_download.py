@@ -103,3 +103,16 @@ def test_present_files_are_not_downloaded_again(tmp_path):
     for name, content in FILES.items():
         (tmp_path / name).write_bytes(content)
     ptb.ensure_data(str(tmp_path), url="http://127.0.0.1:9/never-contacted")
+
+
+def test_the_md5_check_names_files_that_are_not_ptbs_and_the_fix(tmp_path, capsys):
+    """`python -m data.ptb` (make data, before every make target): a file with other contents
+    is named in one error line with what to do, exit 2; nothing is downloaded over it."""
+    for name in ptb.FILES:
+        (tmp_path / name).write_text("not the corpus\n")
+    assert ptb.main(["--data_path", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out.count("MISMATCH, expected") == 3
+    assert err.startswith(f"error: ptb.train.txt, ptb.valid.txt, ptb.test.txt in {tmp_path} are "
+                          "not PTB's own; delete them") and err.count("\n") == 1, err
+    assert (tmp_path / "ptb.train.txt").read_text() == "not the corpus\n"
