@@ -97,6 +97,12 @@ command -v g++ >/dev/null || missing+=(g++)
 command -v patch >/dev/null || missing+=(patch)
 command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
+    if ! command -v apt-get >/dev/null; then
+        echo "error: need ${missing[*]} (Debian's names: Open MPI with its headers, CMake, g++," \
+             "patch, iproute2) and found no apt-get to install them; install them with this" \
+             "system's package manager and rerun" >&2
+        exit 1
+    fi
     echo "setup: installing ${missing[*]} with apt-get"
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else
         echo "error: need ${missing[*]}; run as root or install them with apt-get" >&2; exit 1

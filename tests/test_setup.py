@@ -1,12 +1,13 @@
-"""scripts/setup.sh's refusals, each before it installs anything: an unsupported Python, a
-Horovod patch that does not apply, GPU mode on this machine, which has no GPU, and the two
-Debian-root checks (fresh machine, GPU build) without their data; and the key of the Horovod
-wheel it keeps."""
+"""scripts/setup.sh's refusals, each before it installs anything: an unsupported Python, missing
+tools where there is no apt-get, a Horovod patch that does not apply, GPU mode on this machine,
+which has no GPU, and the two Debian-root checks (fresh machine, GPU build) without their data;
+the key of the Horovod wheel it keeps, and its import check's one line."""
 import glob
 import hashlib
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -72,6 +73,17 @@ def test_no_python_on_path_names_the_supported_range(tmp_path):
     repo = setup_copy(tmp_path)
     r = run_setup(repo, tools_only(tmp_path, "dirname"))
     one_error_line(r, "error: no Python 3.10 to 3.13 found (python3.13 .. python3.10 on PATH)")
+    assert not (repo / ".venv").exists()
+
+
+def test_missing_tools_without_apt_get_are_named_in_one_line_before_anything_is_installed(
+        tmp_path):
+    """Another distribution (no apt-get): the tools are named, not a 'command not found'."""
+    repo = setup_copy(tmp_path)
+    r = run_setup(repo, tools_only(tmp_path, "dirname", "id"), PYTHON=sys.executable)
+    one_error_line(r, "error: need openmpi-bin libopenmpi-dev cmake g++ patch iproute2 "
+                      "(Debian's names: ")
+    assert "found no apt-get to install them" in r.stderr
     assert not (repo / ".venv").exists()
 
 
