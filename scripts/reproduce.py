@@ -26,6 +26,7 @@ import os
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
-from utils import KERNEL_DEFAULTS, config  # noqa: E402
+from utils import KERNEL_DEFAULTS, config, logs  # noqa: E402
 
 DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs
 EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
@@ -270,6 +271,17 @@ def status(args):
     return 0
 
 
+def time_left(epochs, cfg):
+    """The epochs left at the median of the epochs done (a sitting shared with tests runs slower:
+    the median, not the mean), for a status line with no progress line to take an ETA from."""
+    times = [logs.whole_epoch_s(e) for e in epochs if "epoch_time_s" in e]
+    if not times:
+        return ""
+    median = statistics.median(times)
+    return (f", about {median * (cfg['num_epochs'] - len(epochs)) / 3600:.0f} h of training left "
+            f"at its median epoch ({median / 60:.0f} min)")
+
+
 def status_line(command, log, alive):
     """One line on a run from its metrics events, and whether its job is alive; `command`: the
     make command that continues it."""
@@ -284,11 +296,11 @@ def status_line(command, log, alive):
         return line + f", test ppl {tests[-1]['test_ppl']:.2f}: done"
     last = log[-1]
     if not alive:
-        return line + f", stopped; `{command}` continues it"
+        return line + f", stopped{time_left(epochs, cfg)}; `{command}` continues it"
     if last["event"] == "epoch" and len(epochs) == log[0]["config"]["num_epochs"]:
         return line + ", running the test evaluation"
     if last["event"] == "epoch":  # resumed or validated, no progress line of the next epoch yet
-        return line + f", running epoch {last['epoch'] + 1}"
+        return line + f", running epoch {last['epoch'] + 1}{time_left(epochs, cfg)}"
     # the trainer's own estimate, evaluation not counted
     return line + f", running epoch {last['epoch']} (step {last['step']}), " \
         f"ETA {last['eta_s'] / 3600:.1f} h"

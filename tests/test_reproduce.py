@@ -152,6 +152,21 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     assert status_line(make + " PRECISION=bf16", bf16, alive=False) == \
         "reproduce: config_large (bf16), 1 of 3 epochs, last valid ppl 249.32, stopped; " \
         "`make reproduce CONFIG=config_large NP=1 PRECISION=bf16` continues it"
+    # with epoch times, the hours left at the median epoch (one slowed by tests beside it aside)
+    timed = [dict(epoch1, epoch=n, epoch_time_s=s, steps=1327)
+             for n, s in ((1, 2700.0), (2, 4200.0), (3, 2640.0))]
+    long_cfg = dict(cfg, num_epochs=55)
+    timed = [dict(e, config=long_cfg) for e in timed]
+    assert status_line(make, timed, alive=False) == \
+        "reproduce: config_large, 3 of 55 epochs, last valid ppl 249.32, stopped, about 39 h of " \
+        "training left at its median epoch (45 min); `make reproduce CONFIG=config_large NP=1` " \
+        "continues it"
+    assert status_line(make, timed, alive=True).endswith(
+        "running epoch 4, about 39 h of training left at its median epoch (45 min)")
+    # an epoch resumed inside it counts its time scaled to all its steps
+    resumed = dict(timed[0], epoch_time_s=1320.0, steps_run=663)  # 2,642 s for 1,327 steps
+    assert status_line(make, [resumed], alive=True).endswith(
+        "running epoch 2, about 40 h of training left at its median epoch (44 min)")
     last = [dict(epoch1, epoch=n) for n in (1, 2, 3)]
     assert status_line(make, last, alive=True).endswith(
         "3 of 3 epochs, last valid ppl 249.32, running the test evaluation")
