@@ -296,7 +296,7 @@ def status_line(command, log, alive):
         return line + f", test ppl {tests[-1]['test_ppl']:.2f}: done"
     last = log[-1]
     if not alive:
-        return line + f", stopped{time_left(epochs, cfg)}; `{command}` continues it"
+        return line + f", stopped; `{command}` continues it{time_left(epochs, cfg)}"
     if last["event"] == "epoch" and len(epochs) == log[0]["config"]["num_epochs"]:
         return line + ", running the test evaluation"
     if last["event"] == "epoch":  # resumed or validated, no progress line of the next epoch yet

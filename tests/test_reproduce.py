@@ -158,9 +158,9 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     long_cfg = dict(cfg, num_epochs=55)
     timed = [dict(e, config=long_cfg) for e in timed]
     assert status_line(make, timed, alive=False) == \
-        "reproduce: config_large, 3 of 55 epochs, last valid ppl 249.32, stopped, about 39 h of " \
-        "training left at its median epoch (45 min); `make reproduce CONFIG=config_large NP=1` " \
-        "continues it"
+        "reproduce: config_large, 3 of 55 epochs, last valid ppl 249.32, stopped; `make " \
+        "reproduce CONFIG=config_large NP=1` continues it, about 39 h of training left at its " \
+        "median epoch (45 min)"
     assert status_line(make, timed, alive=True).endswith(
         "running epoch 4, about 39 h of training left at its median epoch (45 min)")
     # an epoch resumed inside it counts its time scaled to all its steps
