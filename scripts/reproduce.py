@@ -26,7 +26,6 @@ import os
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +34,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
-from utils import KERNEL_DEFAULTS, config, logs  # noqa: E402
+from scripts.results import epoch_time  # noqa: E402
+from utils import KERNEL_DEFAULTS, config  # noqa: E402
 
 DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs
 EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
@@ -274,10 +274,10 @@ def status(args):
 def time_left(epochs, cfg):
     """The epochs left at the median of the epochs done (a sitting shared with tests runs slower:
     the median, not the mean), for a status line with no progress line to take an ETA from."""
-    times = [logs.whole_epoch_s(e) for e in epochs if "epoch_time_s" in e]
-    if not times:
+    timed = [e for e in epochs if "epoch_time_s" in e]
+    if not timed:
         return ""
-    median = statistics.median(times)
+    median = epoch_time({"kind": "partial", "events": timed})  # the results table's own median
     return (f", about {median * (cfg['num_epochs'] - len(epochs)) / 3600:.0f} h of training left "
             f"at its median epoch ({median / 60:.0f} min)")
 
