@@ -102,7 +102,8 @@ def test_http_error_and_unreachable_host_name_the_url(server, tmp_path):
 def test_present_files_are_not_downloaded_again(tmp_path):
     for name, content in FILES.items():
         (tmp_path / name).write_bytes(content)
-    ptb.ensure_data(str(tmp_path), url="http://127.0.0.1:9/never-contacted")
+    ptb.ensure_data(str(tmp_path), url="http://127.0.0.1:9/never-contacted")  # raises if tried
+    assert {name: (tmp_path / name).read_bytes() for name in FILES} == FILES
 
 
 def test_the_md5_check_names_files_that_are_not_ptbs_and_the_fix(tmp_path, capsys):
