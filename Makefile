@@ -1,6 +1,7 @@
-# The two commands of the README's quick start:
+# The two commands of the README's quick start, and the list of the rest:
 #   make train   set up, then train the small config with 2 Horovod workers on this host
 #   make test    set up, then run the whole test suite
+#   make help    every target, a line each (from the `## ` remark on its line)
 # Offline machines: PTB_DATA_PATH=/path/to/ptb make ...   (a folder with ptb.{train,valid,test}.txt)
 # RUNS (default runs) holds the run folders; ARGS adds trainer flags (--set num_epochs=1, say);
 # TESTS narrows make test (TESTS="-m smoke": the quick-start check scripts/fresh_machine.sh runs).
@@ -25,44 +26,48 @@ PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
 # it stopped at (before its first checkpoint, --resume starts afresh and says so).
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/metrics.jsonl $(call RUN_DIR,$(1))/checkpoints),--resume)
 
-.PHONY: train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status reproduce-stop venv-tf2.15 gpu-build-check chaos
-train: setup data
+.PHONY: help train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status reproduce-stop venv-tf2.15 gpu-build-check chaos
+train: setup data  ## train CONFIG (config_small) with NP (2) Horovod workers on this host
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
 	    --output_dir $(call RUN_DIR,np$(NP)) $(call RESUME,np$(NP)) $(PRECISION_SET) $(ARGS)
 
-single: setup data
+help:  ## this list
+	@awk -F':.*## ' '/^[a-z0-9.-]+:.*## / {printf "  make %-18s %s\n", $$1, $$2}' \
+	    $(firstword $(MAKEFILE_LIST))
+
+single: setup data  ## train CONFIG in one process (lm_ptb.py)
 	$(PY) lm_ptb.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) --output_dir $(call RUN_DIR,single) \
 	    $(call RESUME,single) $(PRECISION_SET) $(ARGS)
 
-test: setup data slurm
+test: setup data slurm  ## the whole test suite; TESTS narrows it (TESTS="-m smoke")
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(TESTS)
 
-setup:
+setup:  ## Open MPI, TensorFlow and the patched Horovod into .venv (scripts/setup.sh)
 	scripts/setup.sh
 
-slurm:
+slurm:  ## slurm-wlm and munge, for the Slurm test (as root or with sudo)
 	scripts/setup_slurm.sh
 
-data: setup
+data: setup  ## md5-check PTB in PTB_DATA_PATH, downloading it first if missing
 	$(PY) -m data.ptb --data_path $(PTB_DATA_PATH)
 
-bench: setup data peer
+bench: setup data peer  ## words/sec of each config: 1 process, 2 workers, fp32 and bf16, PyTorch beside
 	$(PY) scripts/benchmark.py --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))
 
 # TensorFlow 2.15's stack (before 2.21) in .venv-tf2.15, Horovod built and patched as for .venv:
 # the benchmark's comparison, `make bench AGAINST=.venv-tf2.15/bin/python`.
-venv-tf2.15:
+venv-tf2.15:  ## TensorFlow 2.15's stack in .venv-tf2.15, for make bench AGAINST=...
 	VENV=.venv-tf2.15 PYTHON=python3.11 REQUIREMENTS=scripts/requirements-tf2.15.txt \
 	    NO_DEPS_REQUIREMENTS= scripts/setup.sh
 
-bench-quick: setup data peer
+bench-quick: setup data peer  ## a shorter make bench
 	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))
 
 # PyTorch for the benchmark's peer rows, in a venv of its own made by the Python that setup
 # chose for .venv (any of 3.10-3.13); if it cannot be installed, the benchmark says so in one
 # line and prints the rest. PEER_INSTALL=no makes the venv only (the fresh Debian 13 check).
-peer: setup
+peer: setup  ## PyTorch CPU in .venv-peer, the benchmark's peer
 	@test -x .venv-peer/bin/python || \
 	    "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv .venv-peer
 	@$(if $(filter no,$(PEER_INSTALL)),true,.venv-peer/bin/python -c "import torch" 2>/dev/null || \
@@ -70,7 +75,7 @@ peer: setup
 	    echo "peer: PyTorch not installed into .venv-peer; the benchmark leaves out its rows")
 
 # Horovod's settings for 2 ranks on this host, one config: make bench-tune CONFIG=config_large
-bench-tune: setup data
+bench-tune: setup data  ## Horovod's settings for 2 ranks on this host, for CONFIG
 	$(PY) scripts/benchmark.py --tune $(patsubst config_%,%,$(CONFIG)) --data_path $(PTB_DATA_PATH) \
 	    --out runs/bench-tune-$(patsubst config_%,%,$(CONFIG)).json
 
@@ -80,35 +85,35 @@ bench-tune: setup data
 # Its checkpoints go to $(RUNS)/reproduce: where the checkout does not outlive the machine, point
 # RUNS at a disk that does (RUNS=/mnt/keep make reproduce ...), the same for every sitting.
 REPRODUCE_RUNS = $(abspath $(RUNS))/reproduce
-reproduce: setup data
+reproduce: setup data  ## start or continue a results row in the background (RUNS, CONFIG, NP, PRECISION)
 	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
 	    --data_path $(PTB_DATA_PATH) --runs_dir $(REPRODUCE_RUNS)
 
-reproduce-status:
+reproduce-status:  ## its epoch, perplexity and ETA; copies its logs to results/
 	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
 	    --runs_dir $(REPRODUCE_RUNS)
 
-reproduce-stop:
+reproduce-stop:  ## stop it after the current step, keeping the newest checkpoint
 	@$(PY) scripts/reproduce.py stop --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
 	    --runs_dir $(REPRODUCE_RUNS)
 
-results: setup
+results: setup  ## rebuild README's results table and results/README.md from results/
 	$(PY) scripts/results.py build
 
-netstudy: setup data
+netstudy: setup data  ## what a slower network costs 2 workers (docs/network.md)
 	$(PY) scripts/netstudy.py --data_path $(PTB_DATA_PATH)
 
 # GPU=1 setup built up to the device in a fresh Debian 13 root with CUDA 12.4, and a 2-rank run of
 # that build on the CPU against the CPU build's (as root; gigabytes of downloads; docs/gpu.md).
-gpu-build-check:
+gpu-build-check:  ## GPU=1 setup built up to the device in a fresh root (docs/gpu.md)
 	scripts/gpu_build_check.sh
 
 # Horovod against tf.distribute, 2 workers, side by side in turns (as root: network namespaces).
-compare: setup data
+compare: setup data  ## Horovod against tf.distribute, 2 workers in turns (as root)
 	$(PY) scripts/compare.py --data_path $(PTB_DATA_PATH)
 
 # Faults on a schedule (docs/reliability.md): about 10 minutes of a tiny config under SIGKILL,
 # SIGSTOP, SIGTERM, kills during saves and resets, a cut link, a full disk and hosts that leave,
 # then the checks; as root (network namespaces, a tmpfs). CHAOS_ARGS="--seed 7 --launcher mpirun"
-chaos: setup data
+chaos: setup data  ## faults in a row against the elastic trainer, then the checks (as root)
 	$(PY) scripts/chaos.py --data_path $(PTB_DATA_PATH) --results results/studies/chaos $(CHAOS_ARGS)

@@ -97,3 +97,19 @@ def test_make_train_and_single_bounded(ptb_path, tmp_path):
                            text=True, timeout=300)
         assert r.returncode == 0 and r.stdout.strip(), f"{command}\n{r.stdout}{r.stderr}"
     assert os.path.exists(os.path.join(tmp_path, "small", "saved_model.pb"))
+
+
+def test_make_help_lists_every_target_with_what_it_does():
+    """`make help`: each target of the Makefile's .PHONY line once, each with a line of its own
+    (taken from the `## ` remark on the target's line, so a new target without one shows here)."""
+    phony = re.search(r"^\.PHONY:(.*)$", open(os.path.join(REPO, "Makefile")).read(), re.M)
+    r = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    listed = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"^  make (\S+)\s+(\S.*)$", line)
+        assert m, f"not a `make TARGET  what it does` line: {line!r}"
+        listed[m.group(1)] = m.group(2)
+    assert len(listed) == len(r.stdout.splitlines())  # no target twice
+    assert sorted(listed) == sorted(phony.group(1).split())
