@@ -267,6 +267,16 @@ def curves(runs):
     return found
 
 
+def plain_log_ticks(ax, ticks=(40, 50, 60, 80, 100, 150, 200, 300, 400, 600)):
+    """Perplexities as plain numbers on the log axis (80, 100, 150), not as 8 x 10^1."""
+    import matplotlib
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(
+        [t for t in ticks if low <= t <= high]))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def plots(runs):
     import matplotlib
     matplotlib.use("Agg")
@@ -276,7 +286,7 @@ def plots(runs):
     for ax, (name, chosen) in zip(axes[0], drawn.items()):
         for r in chosen:
             epochs = [e for e in r["events"] if e["event"] == "epoch"]
-            label = f"{r['workers']} worker{'s' if r['workers'] > 1 else ''}" + (
+            label = (f"{r['workers']} workers" if r["workers"] > 1 else "1 process") + (
                 ", bf16" if precision(r) == "bf16" else "")
             ax.plot([e["epoch"] for e in epochs], [e["train_ppl"] for e in epochs], "--",
                     label=f"train, {label}")
@@ -285,6 +295,7 @@ def plots(runs):
         ax.set(xlabel="epoch", ylabel="perplexity", yscale="log",
                title=f"PTB {name.replace('config_', '')}: perplexity per epoch")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        plain_log_ticks(ax)
         ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(RUNS, "perplexity.png"), dpi=100)

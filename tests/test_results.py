@@ -236,3 +236,22 @@ def test_a_run_names_its_cpu_by_family_and_model_and_its_vector_units(tmp_path):
     assert record_env.cpu_model(str(cpuinfo)) == "AMD EPYC family 25 model 17 (avx2, fma)"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fp asimd\n")  # no name, family or model
     assert record_env.cpu_model(str(cpuinfo)).endswith(" (no AVX2)")
+
+
+def test_the_perplexity_axis_reads_as_plain_numbers():
+    """The plot's log axis is labelled 50, 60, 80, 100, 150, 200, 300 within its limits, not
+    5 x 10^1: the ticks of plain_log_ticks in [45, 320], each printed as itself."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [320, 120, 45])
+    ax.set(yscale="log", ylim=(45, 320))
+    results.plain_log_ticks(ax)
+    fig.canvas.draw()
+    ticks = list(ax.get_yticks())
+    assert ticks == [50, 60, 80, 100, 150, 200, 300]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["50", "60", "80", "100", "150", "200",
+                                                           "300"]
+    assert not any(t.get_text() for t in ax.yaxis.get_minorticklabels())
+    plt.close(fig)
