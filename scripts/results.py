@@ -300,13 +300,14 @@ def plots(runs):
     fig.tight_layout()
     fig.savefig(os.path.join(RUNS, "perplexity.png"), dpi=100)
     fig, ax = plt.subplots(figsize=(6, 4))
+    bounded = [r for r in fp32_only(runs) if r["kind"] == "bounded"]
     for name in CONFIGS:
         points = sorted((r["workers"], statistics.median(
             [e["wps"] for e in r["events"] if e["event"] == "progress"][1:] or [0]))
-            for r in fp32_only(runs) if r["config"]["name"] == name and r["kind"] == "bounded")
+            for r in bounded if r["config"]["name"] == name)
         if points:
             ax.plot(*zip(*points), "-o", label=name.replace("config_", ""))
-    ax.set(xlabel="workers (one host, 2 cores)", ylabel="words/sec", xticks=[1, 2],
+    ax.set(xlabel=f"workers on one host: {machine(bounded)}", ylabel="words/sec", xticks=[1, 2],
            title="Throughput against the number of workers (bounded runs)")
     ax.legend()
     fig.tight_layout()
