@@ -72,8 +72,20 @@ choose_python() {
             return
         fi
     done
-    echo "error: no $SUPPORTED found (python3.13 .. python3.10 on PATH); install one with its" \
-         "venv module (Debian/Ubuntu: python3 python3-venv) or set PYTHON=/path/to/python3.X" >&2
+    # A python3 outside the range (a distribution newer than TensorFlow 2.21's wheels, whose
+    # python3 is 3.14, or an old one) is named, so that "install python3" is not the fix read.
+    local other
+    other=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+    if [ -n "$other" ]; then
+        echo "error: no $SUPPORTED found (python3.13 .. python3.10 on PATH; python3 here is" \
+             "$other, which TensorFlow 2.21 has no wheels for); install one beside it (the" \
+             "distribution's python3.1X and python3.1X-venv, pyenv or uv) and set" \
+             "PYTHON=/path/to/python3.1X" >&2
+    else
+        echo "error: no $SUPPORTED found (python3.13 .. python3.10 on PATH); install one with" \
+             "its venv module (Debian/Ubuntu: python3 python3-venv) or set" \
+             "PYTHON=/path/to/python3.X" >&2
+    fi
     exit 1
 }
 

@@ -76,6 +76,23 @@ def test_no_python_on_path_names_the_supported_range(tmp_path):
     assert not (repo / ".venv").exists()
 
 
+def test_a_python3_outside_the_range_is_named_with_the_fix(tmp_path):
+    """A system whose only python3 is one TensorFlow 2.21 has no wheels for (3.14 on a newer
+    distribution; here an older one stands in): its version is named, and the fix is another
+    Python beside it, not 'install python3'."""
+    repo = setup_copy(tmp_path)
+    python = unsupported_python()
+    path = tools_only(tmp_path, "dirname")
+    os.symlink(python, os.path.join(path, "python3"))
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    r = run_setup(repo, path)
+    one_error_line(r, "error: no Python 3.10 to 3.13 found (python3.13 .. python3.10 on PATH; "
+                      f"python3 here is {version}, which TensorFlow 2.21 has no wheels for)")
+    assert "set PYTHON=" in r.stderr and "python3-venv)" not in r.stderr
+    assert not (repo / ".venv").exists()
+
+
 def test_missing_tools_without_apt_get_are_named_in_one_line_before_anything_is_installed(
         tmp_path):
     """Another distribution (no apt-get): the tools are named, not a 'command not found'."""
