@@ -45,6 +45,11 @@ if [ "$GPU" = 1 ]; then
     fi
 fi
 
+# "3.14" if $1 runs, else nothing.
+python_version() {
+    "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
+}
+
 # "3.11" if $1 runs and is a supported Python, else nothing (a pyenv shim of a Python that is
 # not installed exists on PATH but fails to run).
 supported_version() {
@@ -59,7 +64,7 @@ choose_python() {
             exit 1
         fi
         if [ -z "$(supported_version "$PYTHON")" ]; then
-            echo "error: PYTHON=$PYTHON is Python $("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])');" \
+            echo "error: PYTHON=$PYTHON is Python $(python_version "$PYTHON");" \
                  "setup supports $SUPPORTED (TensorFlow 2.21's wheels); set PYTHON to one of those" >&2
             exit 1
         fi
@@ -74,18 +79,16 @@ choose_python() {
     done
     # A python3 outside the range (a distribution newer than TensorFlow 2.21's wheels, whose
     # python3 is 3.14, or an old one) is named, so that "install python3" is not the fix read.
-    local other
-    other=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+    local other found=""
+    local fix="install one with its venv module (Debian/Ubuntu: python3 python3-venv) or set"
+    fix+=" PYTHON=/path/to/python3.X"
+    other=$(python_version python3)
     if [ -n "$other" ]; then
-        echo "error: no $SUPPORTED found (python3.13 .. python3.10 on PATH; python3 here is" \
-             "$other, which TensorFlow 2.21 has no wheels for); install one beside it (the" \
-             "distribution's python3.1X and python3.1X-venv, pyenv or uv) and set" \
-             "PYTHON=/path/to/python3.1X" >&2
-    else
-        echo "error: no $SUPPORTED found (python3.13 .. python3.10 on PATH); install one with" \
-             "its venv module (Debian/Ubuntu: python3 python3-venv) or set" \
-             "PYTHON=/path/to/python3.X" >&2
+        found="; python3 here is $other, which TensorFlow 2.21 has no wheels for"
+        fix="install one beside it (the distribution's python3.1X and python3.1X-venv, pyenv"
+        fix+=" or uv) and set PYTHON=/path/to/python3.1X"
     fi
+    echo "error: no $SUPPORTED found (python3.13 .. python3.10 on PATH$found); $fix" >&2
     exit 1
 }
 

@@ -107,7 +107,8 @@ def test_missing_tools_without_apt_get_are_named_in_one_line_before_anything_is_
 def test_the_newest_supported_python_on_path_is_chosen(tmp_path):
     """Every python3.1x on this PATH that runs, the newest first; a pyenv shim of a Python
     that is not installed is on PATH but does not run, and is passed over."""
-    script = ("set -e; source <(sed -n '/^supported_version()/,/^}/p;/^choose_python()/,/^}/p' "
+    script = ("set -e; source <(sed -n '/^python_version()/,/^}/p;"
+              "/^supported_version()/,/^}/p;/^choose_python()/,/^}/p' "
               "scripts/setup.sh); SUPPORTED='Python 3.10 to 3.13'; choose_python")
     r = subprocess.run([shutil.which("bash"), "-c", script], cwd=REPO, capture_output=True,
                        text=True, env={k: v for k, v in os.environ.items() if k != "PYTHON"})
