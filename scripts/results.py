@@ -35,9 +35,10 @@ LAYOUT = [("runs/", "the training runs: the table's rows, the one-process and bo
                        "compare`), the network study (`make netstudy`), elastic resets, the "
                        "validation layout, the precision check"),
           ("stack/", "the stack: TensorFlow 2.21 against 2.15, 2.22.0rc0 tried, the GPU build "
-                     "checked up to the device, the GPU kernels TensorFlow registers for bf16, Python 3.10 and "
-                     "3.12, Open MPI 5's pairing message, and CI: its times on each CPU, what "
-                     "cut them, the suite's cost test by test (ci/README.md)")]
+                     "checked up to the device, the GPU kernels TensorFlow registers for "
+                     "bf16, Python 3.10 and 3.12, Open MPI 5's pairing message, and CI: its "
+                     "times on each CPU, what cut them, the suite's cost test by test "
+                     "(ci/README.md)")]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 NET_BEGIN, NET_END = "<!-- netstudy:begin -->", "<!-- netstudy:end -->"
 CONFIGS = ("config_small", "config_medium", "config_large")
