@@ -53,8 +53,11 @@ python_version() {
 # "3.11" if $1 runs and is a supported Python, else nothing (a pyenv shim of a Python that is
 # not installed exists on PATH but fails to run).
 supported_version() {
-    "$1" -c 'import sys; v = sys.version_info[:2]; (3, 10) <= v <= (3, 13) and print("%d.%d" % v)' \
-        2>/dev/null || true
+    local version
+    version=$(python_version "$1")
+    case "$version" in
+        3.1[0-3]) echo "$version" ;;
+    esac
 }
 
 choose_python() {
