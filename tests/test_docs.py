@@ -31,9 +31,9 @@ def heading_anchor(heading):
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def anchors(path):
-    with open(path) as f:
-        return {heading_anchor(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", f.read(), re.M)}
+def anchors(page):
+    """The anchors of the page's headings (a `# comment` in a code block is none)."""
+    return {heading_anchor(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", prose(page), re.M)}
 
 
 def test_heading_anchor_by_hand():
