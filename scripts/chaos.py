@@ -58,6 +58,11 @@ MAX_EPOCHS = 9
 # (2 workers train the tiny model at ~60 steps/s on an EPYC with AVX-512, one alone at ~100).
 MIN_EPOCH_STEPS = 250
 DISK_MB = 64
+# A fault needs training left to act on: one injected as the job ends may find nothing to hit (a
+# full disk after the last write: stop 62's CI). So a fault waits while the job has less than
+# this left at its pace; the job then finishes and trains one more epoch for it. It is the
+# longest fault the training goes on through (host_leaves, up to 10 s), and a little more.
+TAIL_S = 12
 
 # What each kind does, and which launchers it applies to.
 KINDS = {
@@ -219,6 +224,19 @@ def events(out):
         with contextlib.suppress(ValueError):
             found.append(json.loads(line))
     return found
+
+
+def seconds_left(events, per_epoch, epochs):
+    """Seconds of training the job has left at the pace of its last three progress lines; None
+    before it has two, or when they do not move forward (a reset between them)."""
+    progress = [(e["time"], global_step(e["epoch"], e["step"], per_epoch))
+                for e in events if e["event"] == "progress"][-3:]
+    if len(progress) < 2:
+        return None
+    (t0, g0), (t1, g1) = progress[0], progress[-1]
+    if g1 <= g0 or t1 <= t0:
+        return None
+    return (epochs * per_epoch - g1) * (t1 - t0) / (g1 - g0)
 
 
 def position(out):
@@ -498,12 +516,18 @@ def drive(job, inject, pending, report, deadline):
             job.end()  # nothing of it may stay (a worker on the other host)
             job.start()
             continue
-        if pending and job.recovered(since, pending[0][1]):
+        if pending and job.recovered(since, pending[0][1]) and job_goes_on(job, report):
             since = inject_next(job, inject, pending, report)
             continue
         time.sleep(0.2)
     say("the run did not finish in time")
     return pending
+
+
+def job_goes_on(job, report):
+    """Whether the job has TAIL_S of training left (or its pace is not known yet)."""
+    left = seconds_left(events(job.out), report["steps_per_epoch"], job.epochs)
+    return left is None or left >= TAIL_S
 
 
 def inject_next(job, inject, pending, report):

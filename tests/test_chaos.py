@@ -31,6 +31,18 @@ def test_a_reset_or_a_relaunch_line_gives_the_step_it_went_on_from():
     assert chaos.resumed_at("error: stopped by SIGTERM; ...", 100) is None
 
 
+def test_a_fault_waits_out_the_jobs_last_seconds():
+    # 100 steps an epoch, 3 epochs: at epoch 3 step 60 (global 260), 20 steps in 2 s, 40 to go
+    progress = [{"event": "progress", "epoch": 3, "step": s, "time": t}
+                for s, t in ((40, 10.0), (50, 11.0), (60, 12.0))]
+    assert chaos.seconds_left(progress, 100, 3) == 4.0 < chaos.TAIL_S
+    assert chaos.seconds_left(progress, 100, 4) == 14.0 > chaos.TAIL_S  # one more epoch
+    epoch = {"event": "epoch", "epoch": 2, "time": 9.0}
+    assert chaos.seconds_left([epoch, *progress[:1]], 100, 3) is None  # its pace not known yet
+    reset = [progress[2], {"event": "progress", "epoch": 3, "step": 20, "time": 13.0}]
+    assert chaos.seconds_left(reset, 100, 3) is None
+
+
 def hand_made_report(faults, aborts):
     """A finished run with these faults (kind, injected at time t) and abort lines (time, line),
     every other check holding."""
