@@ -158,6 +158,20 @@ def generate(model, vocab, prompt, length, temperature, seed):
     return " ".join(out).replace(f" {ptb.EOS} ", "\n").replace(ptb.EOS, "\n").strip()
 
 
+def unknown_words_note(vocab, prompt):
+    """A note naming the prompt's words the vocabulary lacks (fed as <unk>), with the lower-case
+    forms it has (PTB is lower-case); None if every word is known."""
+    unknown = [w for w in dict.fromkeys(prompt.split()) if w not in vocab]
+    if not unknown:
+        return None
+    note = (f"note: not in the run's vocabulary, fed as {ptb.UNK}: "
+            + ", ".join(repr(w) for w in unknown))
+    lower = [w.lower() for w in unknown if w.lower() in vocab]
+    if lower:
+        note += "; in lower case it has " + ", ".join(repr(w) for w in lower)
+    return note
+
+
 class NextWordModel(tf.Module):
     """What the SavedModel holds: the weights, the vocabulary, and one function."""
 
@@ -201,6 +215,9 @@ def main(argv=None):
         print(f"{args.split} ppl {ppl:.2f} | {tokens} tokens scored in windows of {batch} x "
               f"{steps}{whole} | precision {cfg['precision']}")
     elif args.command == "generate":
+        note = unknown_words_note(vocab, args.prompt)
+        if note:
+            print(note, file=sys.stderr, flush=True)
         print(generate(model, vocab, args.prompt, args.length, args.temperature, args.seed))
     else:
         module = NextWordModel(model, vocab)

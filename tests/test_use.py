@@ -198,6 +198,16 @@ def test_generation_is_reproducible_and_handles_unknown_words(trained):
         evaluate.generate(model, corpus.vocab, "the", 5, 0.0, seed=0)
 
 
+def test_a_prompts_unknown_words_are_named_with_their_lower_case_forms():
+    vocab = {"the": 0, "company": 1, "said": 2, "<unk>": 3, "<eos>": 4}
+    assert evaluate.unknown_words_note(vocab, "the company said") is None
+    assert evaluate.unknown_words_note(vocab, "The Company said zebra The") == (
+        "note: not in the run's vocabulary, fed as <unk>: 'The', 'Company', 'zebra'; in lower "
+        "case it has 'the', 'company'")
+    assert evaluate.unknown_words_note(vocab, "zebra") == (
+        "note: not in the run's vocabulary, fed as <unk>: 'zebra'")
+
+
 @pytest.mark.smoke
 def test_saved_model_runs_with_plain_tensorflow_and_no_repo(trained, tmp_path):
     data, run = trained
