@@ -106,7 +106,8 @@ def test_bptt_lstm_equals_keras_and_unrolled_in_value_and_gradient(batch, steps,
     lstm = tf.keras.layers.LSTM(units, return_sequences=True, return_state=True,
                                 kernel_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1),
                                 recurrent_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1),
-                                bias_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1))
+                                bias_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1),
+                                unit_forget_bias=False)  # as the model; one draw for the bias
     x = tf.random.stateless_normal([batch, steps, units], [7, 0])
     h = tf.random.stateless_normal([batch, units], [7, 1]) * 0.5
     c = tf.random.stateless_normal([batch, units], [7, 2])
