@@ -160,9 +160,10 @@ def generate(model, vocab, prompt, length, temperature, seed):
 
 def unknown_words_note(vocab, prompt):
     """A note naming the prompt's words the vocabulary lacks (fed as <unk>), with the lower-case
-    forms it has (PTB is lower-case); None if every word is known."""
+    forms it has (PTB is lower-case); None if every word is known, or if the vocabulary has no
+    <unk> (generate then refuses the prompt with its own error)."""
     unknown = [w for w in dict.fromkeys(prompt.split()) if w not in vocab]
-    if not unknown:
+    if not unknown or ptb.UNK not in vocab:
         return None
     note = (f"note: not in the run's vocabulary, fed as {ptb.UNK}: "
             + ", ".join(repr(w) for w in unknown))

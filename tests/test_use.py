@@ -206,6 +206,7 @@ def test_a_prompts_unknown_words_are_named_with_their_lower_case_forms():
         "case it has 'the', 'company'")
     assert evaluate.unknown_words_note(vocab, "zebra") == (
         "note: not in the run's vocabulary, fed as <unk>: 'zebra'")
+    assert evaluate.unknown_words_note({"the": 0}, "zebra") is None  # generate's error instead
 
 
 @pytest.mark.smoke
