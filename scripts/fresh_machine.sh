@@ -36,10 +36,17 @@ stage "apt-get install git make python3 python3-venv sudo (the user's own step)"
 root_apt_install git make python3 python3-venv sudo ca-certificates
 root_user_with_clone "$REPO" "$USER_NAME" "$DATA"
 
+# What the user sees is kept too: setup's apt-get steps run under sudo, which resets the
+# environment, so a DEBIAN_FRONTEND set before sudo is lost, and debconf then asks for a
+# terminal (about 36 lines here; a user at a terminal gets its dialogs instead)
+seen="$ROOT/var/tmp/fresh-output.log"
+as_user_seen() { as_user "$1" 2>&1 | tee -a "$seen"; }
 stage "make train (setup, then 2 workers: $TRAIN_ARGS)"
-as_user "make train ARGS='$TRAIN_ARGS'"
+as_user_seen "make train ARGS='$TRAIN_ARGS'"
 stage "make test TESTS='$TESTS'"
-as_user "make test TESTS='$TESTS'"
+as_user_seen "make test TESTS='$TESTS'"
+! grep -m1 '^debconf: unable to initialize frontend' "$seen" ||
+    fail "setup's apt-get ran with a debconf frontend that needs a terminal (line above)"
 # make bench's own set-up step, the peer's venv, with the Python setup chose (3.13 here); its
 # PyTorch is left out: on 3.13 PyPI's torch is the CUDA build, gigabytes (docs/testing.md)
 stage "make peer PEER_INSTALL=no (the benchmark's set-up, on the Python setup chose)"

@@ -14,7 +14,8 @@ if [ "$(id -u)" -eq 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo=
 fi
 echo "setup: installing slurm-wlm and munge with apt-get (for the Slurm test)"
 $sudo apt-get update -q >/dev/null
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
+# through env: sudo resets the environment, and a DEBIAN_FRONTEND set before it is lost
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     slurm-wlm munge >/dev/null
 # Daemons the packages may start (systemd hosts) are left alone: the test's own use other
 # ports and sockets.

@@ -254,3 +254,33 @@ def test_setups_import_check_prints_its_one_line_and_no_tensorflow_notes():
                        text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.startswith("setup: ok (Python 3."), r.stdout + r.stderr
     assert "oneDNN custom operations" not in r.stderr and "absl" not in r.stderr, r.stderr
+
+
+def test_the_horovod_build_holds_back_its_two_packaging_warnings_and_no_other(tmp_path):
+    """setup.sh's HOROVOD_BUILD_WARNINGS, as its build passes them to pip wheel, on a package
+    with the two options of Horovod 0.28.1's setup.py that the pinned setuptools warns about
+    (each a box, twice, in every fresh build's log) and one warning of another kind."""
+    package = tmp_path / "pkg"
+    (package / "pkg").mkdir(parents=True)
+    (package / "pkg" / "__init__.py").write_text("")
+    (package / "setup.py").write_text(
+        "import warnings\nfrom setuptools import setup\n"
+        "warnings.warn('another warning of the build')\n"
+        "setup(name='pkg', version='0.1', packages=['pkg'], tests_require=['pytest'],\n"
+        "      classifiers=['License :: OSI Approved :: Apache Software License'])\n")
+
+    def build(warnings_too):
+        script = ("set -eu; eval \"$(grep '^HOROVOD_BUILD_WARNINGS' scripts/setup.sh)\"; "
+                  + ('PYTHONWARNINGS="$HOROVOD_BUILD_WARNINGS" ' if warnings_too else "")
+                  + f".venv/bin/python -m pip wheel -q --no-build-isolation --no-cache-dir "
+                  f"--no-deps -w {tmp_path / 'wheels'} {package}")
+        r = subprocess.run([shutil.which("bash"), "-c", script], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stderr
+
+    shown = build(warnings_too=False)
+    assert "'tests_require'" in shown and "License classifiers are deprecated" in shown, shown
+    held = build(warnings_too=True)
+    assert "tests_require" not in held and "License classifiers" not in held, held
+    assert "another warning of the build" in held, held
