@@ -1,7 +1,8 @@
 """scripts/setup.sh's refusals, each before it installs anything: an unsupported Python, missing
 tools where there is no apt-get, a Horovod patch that does not apply, GPU mode on this machine,
 which has no GPU, and the two Debian-root checks (fresh machine, GPU build) without their data;
-the key of the Horovod wheel it keeps, and its import check's one line."""
+the key of the Horovod wheel it keeps, the two warnings its build holds back, and its import
+check's one line."""
 import glob
 import hashlib
 import os
@@ -269,9 +270,9 @@ def test_the_horovod_build_holds_back_its_two_packaging_warnings_and_no_other(tm
         "setup(name='pkg', version='0.1', packages=['pkg'], tests_require=['pytest'],\n"
         "      classifiers=['License :: OSI Approved :: Apache Software License'])\n")
 
-    def build(warnings_too):
+    def build(filtered):
         script = ("set -eu; eval \"$(grep '^HOROVOD_BUILD_WARNINGS' scripts/setup.sh)\"; "
-                  + ('PYTHONWARNINGS="$HOROVOD_BUILD_WARNINGS" ' if warnings_too else "")
+                  + ('PYTHONWARNINGS="$HOROVOD_BUILD_WARNINGS" ' if filtered else "")
                   + f".venv/bin/python -m pip wheel -q --no-build-isolation --no-cache-dir "
                   f"--no-deps -w {tmp_path / 'wheels'} {package}")
         r = subprocess.run([shutil.which("bash"), "-c", script], cwd=REPO, capture_output=True,
@@ -279,8 +280,8 @@ def test_the_horovod_build_holds_back_its_two_packaging_warnings_and_no_other(tm
         assert r.returncode == 0, r.stdout + r.stderr
         return r.stderr
 
-    shown = build(warnings_too=False)
+    shown = build(filtered=False)
     assert "'tests_require'" in shown and "License classifiers are deprecated" in shown, shown
-    held = build(warnings_too=True)
+    held = build(filtered=True)
     assert "tests_require" not in held and "License classifiers" not in held, held
     assert "another warning of the build" in held, held
