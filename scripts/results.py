@@ -81,9 +81,11 @@ def full_epoch_steps(cfg):
 
 
 def epoch_time(run):
-    """Median seconds per epoch: measured epochs, or step time x steps of a full epoch."""
+    """Median seconds per epoch: measured epochs, or step time x steps of a full epoch; None
+    for a run started again that has not finished its first epoch yet."""
     if run["kind"] != "bounded":
-        return statistics.median(whole_epoch_s(e) for e in run["events"] if e["event"] == "epoch")
+        seconds = [whole_epoch_s(e) for e in run["events"] if e["event"] == "epoch"]
+        return statistics.median(seconds) if seconds else None
     progress = [e for e in run["events"] if e["event"] == "progress"]
     step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"])
               for a, b in zip(progress, progress[1:]) if b["step"] > a["step"]]
@@ -237,6 +239,8 @@ def sittings(run):
         settings = "".join(f", {name}={value}" for name, value in s.get("settings", {}).items())
         parts.append(f"{epochs} from {s['started_utc']} UTC on {s['cpu']}, "
                      f"{s['cores']} cores, commit {s['commit']}{settings} (beside it: {beside})")
+    if not parts:
+        return "No epoch finished yet"
     return f"In {len(parts)} sitting{'s' if len(parts) > 1 else ''}: " + " | ".join(parts)
 
 

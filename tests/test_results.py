@@ -37,7 +37,7 @@ def test_an_epoch_resumed_inside_it_counts_its_time_scaled_to_all_its_steps():
     assert results.epoch_time(r) == 400.0
 
 
-
+def test_a_full_row_shows_both_runs_last_epoch_and_the_speedup_from_median_epoch_times():
     single = run("full", 1, [epoch(0, 90.0, 95.0, 70.0), epoch(1, 51.0, 61.0, 90.0),
                              epoch(2, 51.0, 61.0, 80.0), {"event": "test", "test_ppl": 59.0}])
     dist = run("full", 2, [epoch(0, 91.0, 96.0, 100.0), epoch(1, 50.0, 60.0, 100.0),
@@ -192,6 +192,23 @@ def test_an_attempt_lost_with_its_machine_stays_the_row_until_the_new_run_passes
     assert results.table([longer, again])[2].startswith(
         "| small | partial (3 of 13 epochs; its machine ended; started again: 1 so far) | 3 |")
     assert results.table([again])[2].startswith("| small | partial (1 of 13 epochs) | 1 |")
+
+
+def test_a_run_started_again_before_its_first_epoch_ends_shows_dashes_not_a_crash():
+    # `make reproduce-status` a minute after a start from epoch 0: progress lines, no epoch
+    env = {"cpu": "AMD EPYC", "cores": 2}
+    lost = dict(run("partial", 1, [epoch(n, 290.0, 190.0, 600.0) for n in (1, 2, 3)]), env=env,
+                lost="after 3 epochs")
+    again = dict(run("running", 1, [progress(100, 10.0)]), env=env,
+                 segments=[{"epochs_done_at_start": 0, "started_utc": "d1", "cpu": "AMD EPYC",
+                            "cores": 2, "commit": "aaa"}])
+    assert results.epoch_time(again) is None
+    assert results.table([lost, again])[2] == (
+        "| small | running (0 of 13 epochs so far) | 0 | — / — | — / — | — / — | — | — | — |")
+    assert results.paper_table([lost, again])[2].startswith(
+        "| small | 3 of 13 (1 process, partial); its machine ended; started again in fp32: "
+        "0 of 13 | 290.00 | 190.00 | — | — | 600 s |")
+    assert results.sittings(again) == "No epoch finished yet"
 
 
 def test_the_bf16_table_sets_each_epoch_beside_the_fp32_runs_same_epoch():
