@@ -195,7 +195,7 @@ def test_an_attempt_lost_with_its_machine_stays_the_row_until_the_new_run_passes
 
 
 def test_a_run_started_again_before_its_first_epoch_ends_shows_dashes_not_a_crash():
-    # `make reproduce-status` a minute after a start from epoch 0: progress lines, no epoch
+    # `make results` a minute after a start from epoch 0: progress lines, no epoch yet
     env = {"cpu": "AMD EPYC", "cores": 2}
     lost = dict(run("partial", 1, [epoch(n, 290.0, 190.0, 600.0) for n in (1, 2, 3)]), env=env,
                 lost="after 3 epochs")
