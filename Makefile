@@ -84,14 +84,18 @@ bench-tune: setup data  ## Horovod's settings for 2 ranks on this host, for CONF
 # reproduce-stop: each rank ends its step and the newest checkpoint is kept.
 # Its checkpoints go to $(RUNS)/reproduce: where the checkout does not outlive the machine, point
 # RUNS at a disk that does (RUNS=/mnt/keep make reproduce ...), the same for every sitting.
+# Its logs are copied into $(RESULTS) (results/runs): a run training from a clone of its own
+# (the large row's: docs/training.md) reports into the work tree's with RESULTS=<its path>.
+# ARGS: --set KEY=VALUE and --change_config, passed to the trainer.
 REPRODUCE_RUNS = $(abspath $(RUNS))/reproduce
+RESULTS ?= results/runs
 reproduce: setup data  ## start or continue a results row in the background (RUNS, CONFIG, NP, PRECISION)
 	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
-	    --data_path $(PTB_DATA_PATH) --runs_dir $(REPRODUCE_RUNS)
+	    --data_path $(PTB_DATA_PATH) --runs_dir $(REPRODUCE_RUNS) --results_dir $(abspath $(RESULTS)) $(ARGS)
 
 reproduce-status:  ## its epoch, perplexity and ETA; copies its logs to results/
 	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
-	    --runs_dir $(REPRODUCE_RUNS)
+	    --runs_dir $(REPRODUCE_RUNS) --results_dir $(abspath $(RESULTS))
 
 reproduce-stop:  ## stop it after the current step, keeping the newest checkpoint
 	@$(PY) scripts/reproduce.py stop --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \

@@ -1,8 +1,10 @@
 """Use a trained model without Horovod: test perplexity, text generation, SavedModel export.
 
 Works on the checkpoints of either trainer and never imports Horovod, so a model trained on a
-cluster runs anywhere plain TensorFlow does. The run's config is read from its metrics.jsonl
-and the vocabulary from its vocab.txt, so generate and export need only the run. Perplexity
+cluster runs anywhere plain TensorFlow does. It takes the run's newest checkpoint, an epoch's or
+one saved inside an epoch, and names it; the config (the precision too) is the one that
+checkpoint was trained with, and the vocabulary the run's vocab.txt, so generate and export need
+only the run. Perplexity
 reads the split from --data_path, else from the folder the run trained on (its data_path.txt),
 else $PTB_DATA_PATH; it scores the whole test set unless --eval_steps says otherwise, whatever
 the training run used; --split valid and --batch_size / --num_steps score the valid set or
@@ -19,10 +21,10 @@ import os
 import sys
 
 from data import ptb
-from utils import cli, training
-from utils.checkpoints import DATA_PATH_FILE, VOCAB_FILE
+from utils import cli, hardware, loop, train_steps
+from utils.checkpoints import DATA_PATH_FILE, RUN_CONFIG_KEY, VOCAB_FILE
 from utils.config import DEFAULT_DATA_PATH, ConfigError
-from utils.logs import first_line
+from utils.logs import first_line, newest_checkpoint, parse_line
 from utils.model import build
 # After utils, which sets TensorFlow's environment (Keras 2) before TensorFlow is imported.
 import tensorflow as tf
@@ -65,17 +67,48 @@ def parse_args(argv):
     return args
 
 
-def run_config(run_dir):
-    """The resolved config the run was trained with, from its metrics.jsonl."""
+class Checkpoint:
+    """The run's newest checkpoint (of an epoch's end, or inside an epoch), where it stands and
+    the config it was trained with."""
+
+    def __init__(self, run_dir):
+        self.path = newest_checkpoint(os.path.join(run_dir, "checkpoints"))
+        if self.path is None:
+            raise ConfigError(f"--run {run_dir}: no checkpoint in {run_dir}/checkpoints; point "
+                              "--run at the --output_dir of a run that has saved one")
+        try:
+            reader = tf.train.load_checkpoint(self.path)
+            self.epochs_done = int(reader.get_tensor("epochs_done/.ATTRIBUTES/VARIABLE_VALUE"))
+            self.step = int(reader.get_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE")) \
+                if reader.has_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE") else 0
+            saved = reader.get_tensor(RUN_CONFIG_KEY) if reader.has_tensor(RUN_CONFIG_KEY) \
+                else None
+        except (tf.errors.OpError, ValueError) as e:
+            raise ConfigError(f"--run {run_dir}: checkpoint {self.path} cannot be read "
+                              f"({first_line(e)}); restore it from a backup") from None
+        # checkpoints from before they held their config: the run's newest logged one
+        self.cfg = json.loads(saved) if saved is not None else logged_config(run_dir)
+
+    def where(self):
+        name = os.path.relpath(self.path, os.path.dirname(os.path.dirname(self.path))) \
+            if self.step else os.path.basename(self.path)
+        return (f"{name}, epoch {self.epochs_done + 1} step {self.step}" if self.step else
+                f"{name}, the end of epoch {self.epochs_done}")
+
+
+def logged_config(run_dir):
+    """The newest config in the run's metrics.jsonl."""
     path = os.path.join(run_dir, "metrics.jsonl")
     try:
         with open(path) as f:
-            cfg = dict(json.loads(f.readline())["config"])
-    except (OSError, ValueError, KeyError):
-        raise ConfigError(f"--run {run_dir}: no readable metrics.jsonl; point --run at the "
-                          "--output_dir of a training run") from None
-    cfg.pop("name", None)
-    return cfg
+            logged = [e["config"] for e in map(parse_line, f) if e and "config" in e]
+    except OSError:
+        logged = []
+    if not logged:
+        raise ConfigError(f"--run {run_dir}: its checkpoint holds no config and it has no "
+                          "readable metrics.jsonl; point --run at the --output_dir of a "
+                          "training run")
+    return {k: v for k, v in logged[-1].items() if k != "name"}
 
 
 def corpus_path(run_dir, given):
@@ -112,21 +145,17 @@ def run_vocab(run_dir, corpus=None, data_path=None):
     return vocab
 
 
-def load_model(run_dir, cfg, vocab_size):
+def load_model(run_dir, checkpoint, cfg, vocab_size):
     model = build(cfg, vocab_size)
-    latest = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
-    if latest is None:
-        raise ConfigError(f"--run {run_dir}: no checkpoint in {run_dir}/checkpoints; let the "
-                          "run finish an epoch first")
     # Only the model is needed (expect_partial: the optimizer's values go unused), but every
     # weight of it must come from the checkpoint, or the numbers are those of a random model.
-    status = tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    status = tf.train.Checkpoint(model=model).restore(checkpoint.path).expect_partial()
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
-        raise ConfigError(f"--run {run_dir}: checkpoint {latest} lacks weights of this model "
-                          f"({first_line(e)}); evaluate with the code and config it was trained "
-                          "with") from None
+        raise ConfigError(f"--run {run_dir}: checkpoint {checkpoint.path} lacks weights of this "
+                          f"model ({first_line(e)}); evaluate with the code and config it was "
+                          "trained with") from None
     return model
 
 
@@ -135,7 +164,7 @@ def perplexity(model, ids, batch_size, num_steps, eval_steps=None):
     carried across windows), over eval_steps windows (None: all); and the tokens scored."""
     x, y = ptb.windows(ids, batch_size, num_steps)
     steps = len(x) if eval_steps is None else min(len(x), eval_steps)
-    ppl = training.evaluate(training.make_eval_step(model), model, x, y,
+    ppl = loop.evaluate(train_steps.make_eval_step(model), model, x, y,
                             {"eval_steps": eval_steps})
     return ppl, steps * batch_size * num_steps
 
@@ -196,10 +225,14 @@ class NextWordModel(tf.Module):
 
 def main(argv=None):
     args = parse_args(argv)
-    cfg = run_config(args.run)
-    # runs logged before the key existed trained in fp32
-    cfg["precision"] = args.precision or cfg.get("precision", "fp32")
-    note = training.precision_note(cfg)
+    checkpoint = Checkpoint(args.run)
+    cfg = dict(checkpoint.cfg)
+    # the run's precision (runs logged before the key existed trained in fp32), or --precision
+    trained_in = cfg.get("precision", "fp32")
+    cfg["precision"] = args.precision or trained_in
+    precision = f"precision {cfg['precision']} " + (
+        f"(--precision; the run trained in {trained_in})" if args.precision else "(the run's)")
+    note = hardware.precision_note(cfg)
     if note:
         print(note, file=sys.stderr, flush=True)
     if args.command == "perplexity":
@@ -207,15 +240,16 @@ def main(argv=None):
         vocab = run_vocab(args.run, corpus)
     else:
         vocab = run_vocab(args.run, data_path=args.data_path)
-    model = load_model(args.run, cfg, len(vocab))
+    model = load_model(args.run, checkpoint, cfg, len(vocab))
     if args.command == "perplexity":
         batch = cfg["eval_batch_size"] if args.batch_size is None else args.batch_size
         steps = cfg["eval_num_steps"] if args.num_steps is None else args.num_steps
         ppl, tokens = perplexity(model, getattr(corpus, args.split), batch, steps, args.eval_steps)
         whole = f" (the whole {args.split} set)" if args.eval_steps is None else ""
         print(f"{args.split} ppl {ppl:.2f} | {tokens} tokens scored in windows of {batch} x "
-              f"{steps}{whole} | precision {cfg['precision']}")
+              f"{steps}{whole} | checkpoint {checkpoint.where()} | {precision}")
     elif args.command == "generate":
+        print(f"checkpoint {checkpoint.where()} | {precision}", file=sys.stderr, flush=True)
         note = unknown_words_note(vocab, args.prompt)
         if note:
             print(note, file=sys.stderr, flush=True)
@@ -224,8 +258,8 @@ def main(argv=None):
         module = NextWordModel(model, vocab)
         tf.saved_model.save(module, args.export_dir, signatures={
             "serving_default": module.next_word_probabilities})
-        print(f"SavedModel written to {args.export_dir}")
-
+        print(f"SavedModel written to {args.export_dir} from checkpoint {checkpoint.where()} | "
+              f"{precision}")
 
 if __name__ == "__main__":
     sys.exit(cli.run_main(main))

@@ -1,17 +1,19 @@
-"""The Horovod steps of README.md as functions, each opening with its step's number: what
-lm_ptb_distributed.py's `# Horovod N:` lines call, shared with lm_ptb_elastic.py. utils/ and
-data/ stay free of Horovod; this is the one module besides the trainers that imports it.
+"""The bodies of README.md's Horovod steps that are more than a call, each opening with its
+step's number: what lm_ptb_distributed.py's `# Horovod N:` lines call, shared with
+lm_ptb_elastic.py. utils/ and data/ stay free of Horovod; this is the one module besides the
+trainers that imports it.
 
 Required (every data-parallel run needs them): 1 init, 2 pin, 3 DistributedOptimizer,
-4 broadcast, 5 shard, 8 rank 0 alone writes. The rest harden a run: 6 rank 0 downloads,
-7 the ranks must agree, 9 timeline, 10 step watchdog. docs/template.md shows the required
-steps alone, as a diff of lm_ptb.py.
+4 broadcast, 5 shard, 8 rank 0 alone writes; the trainers call Horovod for them directly, and
+this module holds only their checks and options. The rest harden a run: 6 rank 0 downloads,
+7 the ranks must agree, 9 timeline, 10 step watchdog. docs/template.md shows the required steps
+alone, as a diff of lm_ptb.py.
 """
 import os
 
 from data import ptb
-from utils import config, training
-from utils.watchdog import START_UP_S, Watchdog, chief_work_allowance
+from utils import config
+from utils.watchdog import START_UP_S, Watchdog, chief_wait_s
 # Horovod 3: imported after utils, which selects Keras 2, whose optimizer Horovod averages in
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -30,14 +32,26 @@ def set_horovod_env(cfg):
         os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
 
 
-def pin_to_local_rank(threads):
-    """Horovod 2: one GPU per local rank; on CPU hosts, the cores split among local ranks."""
+def local_gpus():
+    """Horovod 2: this host's GPUs, each to take memory as it needs it (not all of it at once);
+    one line naming the fix when the host runs more ranks than it has GPUs."""
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    training.set_threads(threads or max(1, training.available_cores() // hvd.local_size()))
+    problem = too_few_gpus(hvd.local_size(), len(gpus))
+    if problem:
+        raise config.ConfigError(problem)
+    return gpus
+
+
+def too_few_gpus(local_ranks, gpus):
+    """The error for a host whose ranks outnumber its GPUs (none on a CPU host), else None."""
+    if not gpus or local_ranks <= gpus:
+        return None
+    return (f"this host runs {local_ranks} ranks but has {gpus} GPU{'s' * (gpus > 1)}, one per "
+            f"rank: start at most {gpus} rank{'s' * (gpus > 1)} per host (mpirun -H "
+            f"host:{gpus}, horovodrun -H host:{gpus}), or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=) to train on the CPU cores")
 
 
 def start_watchdog(cfg, output_dir):
@@ -83,29 +97,10 @@ def check_ranks_agree(cfg, corpus, log_every):
                                      f"{', '.join(str(r[key]) for r in ranks)}); {fix}")
 
 
-def shard(*windows):
-    """Horovod 5: this rank's rows [r·B/N, (r+1)·B/N) of the global batch, for each array of
-    windows ([steps, batch_size, num_steps])."""
-    return tuple(ptb.shard(w, hvd.rank(), hvd.size()) for w in windows)
-
-
-def distributed_optimizer(optimizer, cfg):
-    """Horovod 3: the gradients averaged over the ranks inside minimize(), before the optimizer
-    clips them; with reduce_type "param" the optimizer is left alone (parameter_averaging)."""
-    if cfg["reduce_type"] != "grad":
-        return optimizer
+def allreduce_options(cfg):
+    """Horovod 3: hvd.DistributedOptimizer's options from the config (README "Communication")."""
     compression = hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none
-    return hvd.DistributedOptimizer(optimizer, sparse_as_dense=cfg["sparse_as_dense"],
-                                    compression=compression)
-
-
-def resume_together(position, model, optimizer):
-    """Horovod 4: rank 0 alone restored a checkpoint (or none): every rank takes its position,
-    weights and optimizer state (the step counter, and the slots of an optimizer that has them,
-    made before the restore by utils.checkpoints). Returns the position."""
-    position = hvd.broadcast_object(position, root_rank=0)
-    hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
-    return position
+    return {"sparse_as_dense": cfg["sparse_as_dense"], "compression": compression}
 
 
 def start_timeline(output_dir):
@@ -134,12 +129,6 @@ def parameter_averaging(model, cfg):
     return after_step
 
 
-def own_rows(position):
-    """Horovod 5: a checkpoint inside an epoch holds the LSTM state of the whole global batch;
-    this rank continues its rows of it, whatever the number of ranks that saved it."""
-    return position.rows_of(hvd.rank(), hvd.size())
-
-
 def gather_rows_and_save(checkpoints):
     """Horovod 5: for a checkpoint inside an epoch, every rank's rows of the LSTM state are
     gathered (in rank order, which is row order) and rank 0 (of the moment: elastic ranks
@@ -158,19 +147,12 @@ def average_over_ranks(value):
     return hvd.allreduce(value, op=hvd.Average)
 
 
-def rank0s(value):
-    """Horovod 8: rank 0's value on every rank (what only rank 0's log knows)."""
-    return hvd.broadcast_object(value, root_rank=0)
-
-
 def wait_for_chief(watchdog, stats, train_x, eval_x):
     """Horovod 10: the other ranks wait here while rank 0 saves and evaluates alone, allowing
     for that work beyond step_timeout_s (rank 0's watchdog times each of its own steps); then a
-    rank that never arrives ends the job instead of hanging it."""
-    extra_s = 0.0
-    if hvd.rank() != 0 and stats:
-        step_s = stats["epoch_time_s"] / stats["steps_run"]
-        extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
+    rank that never arrives ends the job instead of hanging it. stats: the epoch's (None: no
+    evaluation to wait for)."""
+    extra_s = chief_wait_s(stats, train_x.shape[1:], eval_x.shape) if hvd.rank() != 0 else 0.0
     watchdog.expect("the wait for rank 0's checkpoint and evaluation" if hvd.rank() else
                     "the wait for the other ranks after its checkpoint and evaluation",
                     extra_s=extra_s)

@@ -10,69 +10,66 @@ N local workers or two hosts: lm_ptb_distributed.py, which is this file plus Hor
 import sys
 
 from data import ptb
-from utils import cli, config, logs
+from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints
 from utils.model import build
-from utils import training
+from utils.optimizers import make_optimizer
+from utils.train_steps import make_eval_step, make_train_step, seed_everything
 
 
 def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
-    training.set_threads(args.threads or training.available_cores())
+    hardware.set_threads(args.threads or hardware.available_cores())
     is_chief = True
     workers = 1
     ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
-    training.seed_everything(args.seed)
+    seed_everything(args.seed)
 
     ptb.ensure_data(args.data_path)
     corpus = ptb.load_corpus(args.data_path)
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
-    valid, test = training.eval_windows(corpus, cfg)
+    valid, test = loop.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch | "
              f"precision {cfg['precision']}")
-    log.info(training.precision_note(cfg))  # None (no line) unless bf16 is emulated here
+    log.info(hardware.precision_note(cfg))  # None (no line) unless bf16 is emulated here
 
     model = build(cfg, len(corpus.vocab))
-    optimizer = training.make_optimizer(cfg)
-    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
-                                          args.seed)
-    eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
-                              model.zero_state(cfg["batch_size"]))
-    position = checkpoints.start(args.resume) if is_chief else None
+    optimizer = make_optimizer(cfg)
+    train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
+                                 args.seed)
+    eval_step = make_eval_step(model)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
+    position = checkpoints.start(args.resume, args.change_config) if is_chief else None
+    if position.finished:  # --resume of a run that has trained and tested every epoch
+        return
+    epoch_steps = schedule.epoch_steps(cfg, len(train_x))
 
-    def train(position):
-        """The epochs from `position` (a checkpoints.Position) to the last, then the test."""
-        start_epoch = position.epochs_done
-        stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
-        for epoch in range(start_epoch, cfg["num_epochs"]):
-            lr = training.learning_rate(cfg, epoch, workers)
-            optimizer.learning_rate.assign(lr)
-            resume_at = position if epoch == start_epoch else None
-            stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                         log_every=args.log_every, workers=workers,
-                                         resume_at=resume_at, save=checkpoints.save_in_epoch)
-            step += stats["steps"]
-            if is_chief:
-                checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
-                valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
-                log.epoch(epoch, step, lr, stats, valid_ppl)
-        if is_chief:
-            test_ppl = training.evaluate(eval_step, model, *test, cfg)
-            last = cfg["num_epochs"] - 1
-            log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
+    def validate():
+        return loop.evaluate(eval_step, model, *valid, cfg)
 
     unlogged = log.resume(position) if args.resume else None
-    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
-        valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
-        done = position.epochs_done
-        log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                  unlogged, valid_ppl)
-    train(position)
+    if is_chief:  # the epoch whose validation a stop cut short, if any, gets its line now
+        loop.log_unlogged_epoch(log, unlogged, position, epoch_steps, validate)
+    start_epoch = position.epochs_done
+    stats, step = None, start_epoch * epoch_steps
+    for epoch in range(start_epoch, cfg["num_epochs"]):
+        lr = schedule.learning_rate(cfg, epoch, workers)
+        optimizer.learning_rate.assign(lr)
+        resume_at = position if epoch == start_epoch else None
+        stats = loop.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                 log_every=args.log_every, workers=workers,
+                                 resume_at=resume_at,
+                                 save=checkpoints.save_in_epoch)
+        step += stats["steps"]
+        if is_chief:
+            checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
+            log.epoch(epoch, step, lr, stats, validate())
+    if is_chief:
+        log.test(step, stats, loop.evaluate(eval_step, model, *test, cfg))
 
 
 if __name__ == "__main__":

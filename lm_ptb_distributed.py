@@ -1,10 +1,10 @@
 r"""Train the PTB word-level LSTM language model data-parallel with Horovod.
 
 This is lm_ptb.py plus Horovod: past this docstring, every line `diff lm_ptb.py
-lm_ptb_distributed.py` shows is tagged `# Horovod N:` after the numbered steps in README.md,
-whose bodies are in horovod_steps.py. Steps 1-5 and 8 are required; 6, 7, 9 and 10 harden the
-run (docs/template.md: the required steps alone). `batch_size` is the global batch: N workers
-train on batch_size / N rows each.
+lm_ptb_distributed.py` shows is tagged `# Horovod N:` after the numbered steps in README.md.
+Steps 1-5 and 8 are required and written out as Horovod's own calls; 6, 7, 9 and 10 harden the
+run, their bodies in horovod_steps.py (docs/template.md: the required steps alone).
+`batch_size` is the global batch: N workers train on batch_size / N rows each.
 
 One process (same as lm_ptb.py):
     python lm_ptb_distributed.py --config config_small
@@ -19,12 +19,14 @@ Two hosts, one worker each (see README for every flag; add --allow-run-as-root a
 import sys
 
 from data import ptb
-from utils import cli, config, logs
+from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints
 from utils.model import build
-from utils import training
+from utils.optimizers import make_optimizer
+from utils.train_steps import make_eval_step, make_train_step, seed_everything
 import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects Keras 2: Horovod 3)
-import horovod_steps as steps  # Horovod 1-10: the steps' bodies, shared with lm_ptb_elastic.py
+import tensorflow as tf  # Horovod 2
+import horovod_steps as steps  # Horovod 2-10: the hardening, shared with lm_ptb_elastic.py
 
 
 def main(argv=None):
@@ -32,7 +34,10 @@ def main(argv=None):
     cfg = config.load_config(args.config, args.set)
     steps.set_horovod_env(cfg)  # Horovod 2, 9: read once, by hvd.init()
     hvd.init()  # Horovod 1: start the ranks' background communication
-    steps.pin_to_local_rank(args.threads)  # Horovod 2: a GPU, or a share of the cores, per rank
+    gpus = steps.local_gpus()  # Horovod 2: this host's; too few for its ranks is one line
+    if gpus:  # Horovod 2: one GPU per local rank
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")  # Horovod 2
+    hardware.set_threads(args.threads or hardware.cores_per_process(hvd.local_size()))  # Horovod 2
     watchdog = steps.start_watchdog(cfg, args.output_dir)  # Horovod 10: from here on
     is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
     cli.report_stops(is_chief)  # Horovod 8
@@ -40,68 +45,68 @@ def main(argv=None):
     ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
-    training.seed_everything(args.seed)
+    seed_everything(args.seed)
 
     steps.download_on_chief(args.data_path)  # Horovod 6: rank 0 downloads, the others wait
     corpus = ptb.load_corpus(args.data_path)
     steps.check_ranks_agree(cfg, corpus, args.log_every)  # Horovod 7
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
-    train_x, train_y = steps.shard(train_x, train_y)  # Horovod 5: rows of the global batch
-    valid, test = training.eval_windows(corpus, cfg)
+    train_x = ptb.shard(train_x, hvd.rank(), workers)  # Horovod 5: this rank's rows of the batch
+    train_y = ptb.shard(train_y, hvd.rank(), workers)  # Horovod 5
+    valid, test = loop.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch | "
              f"precision {cfg['precision']}")
-    log.info(training.precision_note(cfg))  # None (no line) unless bf16 is emulated here
+    log.info(hardware.precision_note(cfg))  # None (no line) unless bf16 is emulated here
 
     model = build(cfg, len(corpus.vocab))
-    optimizer = training.make_optimizer(cfg)
-    optimizer = steps.distributed_optimizer(optimizer, cfg)  # Horovod 3: average, then clip
-    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
-                                          args.seed, hvd.rank())  # Horovod 4: own dropout masks
-    eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
-                              model.zero_state(cfg["batch_size"]))
-    position = checkpoints.start(args.resume) if is_chief else None
-    position = steps.resume_together(position, model, optimizer)  # Horovod 4: rank 0's all
+    optimizer = make_optimizer(cfg)
+    if cfg["reduce_type"] == "grad":  # Horovod 3: average the gradients, then clip
+        optimizer = hvd.DistributedOptimizer(optimizer, **steps.allreduce_options(cfg))  # Horovod 3
+    train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
+                                 args.seed, hvd.rank())  # Horovod 4: each rank its own masks
+    eval_step = make_eval_step(model)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
+    position = checkpoints.start(args.resume, args.change_config) if is_chief else None
+    position = hvd.broadcast_object(position, root_rank=0)  # Horovod 4: rank 0's position,
+    hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)  # Horovod 4
+    if position.finished:  # --resume of a run that has trained and tested every epoch
+        return
+    epoch_steps = schedule.epoch_steps(cfg, len(train_x))
     if cfg["timeline"]:  # Horovod 9
         steps.start_timeline(args.output_dir)  # Horovod 9
     after_step = steps.parameter_averaging(model, cfg)  # Horovod 3: None unless "param"
 
-    def train(position):
-        """The epochs from `position` (a checkpoints.Position) to the last, then the test."""
-        start_epoch = position.epochs_done
-        stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
-        for epoch in range(start_epoch, cfg["num_epochs"]):
-            lr = training.learning_rate(cfg, epoch, workers)
-            optimizer.learning_rate.assign(lr)
-            resume_at = steps.own_rows(position) if epoch == start_epoch else None  # Horovod 5
-            stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                         log_every=args.log_every, workers=workers,
-                                         average=steps.average_over_ranks,  # Horovod 8
-                                         after_step=after_step,  # Horovod 3
-                                         watchdog=watchdog,  # Horovod 10
-                                         resume_at=resume_at,  # Horovod 5
-                                         save=steps.gather_rows_and_save(checkpoints))  # Horovod 5
-            step += stats["steps"]
-            if is_chief:
-                checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
-                valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
-                log.epoch(epoch, step, lr, stats, valid_ppl)
-            steps.wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
-        if is_chief:
-            test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
-            last = cfg["num_epochs"] - 1
-            log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
-        steps.wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
+    def validate():
+        return loop.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
 
     unlogged = log.resume(position) if args.resume else None
-    unlogged = steps.rank0s(unlogged)  # Horovod 8, 10: every rank validates; none waits idle
-    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
-        valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
-        done = position.epochs_done
-        log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                  unlogged, valid_ppl)
-    train(position)
+    unlogged = hvd.broadcast_object(unlogged, root_rank=0)  # Horovod 8, 10: what rank 0 does
+    if is_chief:  # the epoch whose validation a stop cut short, if any, gets its line now
+        loop.log_unlogged_epoch(log, unlogged, position, epoch_steps, validate)
+    steps.wait_for_chief(watchdog, unlogged, train_x, valid[0])  # Horovod 10
+    start_epoch = position.epochs_done
+    stats, step = None, start_epoch * epoch_steps
+    for epoch in range(start_epoch, cfg["num_epochs"]):
+        lr = schedule.learning_rate(cfg, epoch, workers)
+        optimizer.learning_rate.assign(lr)
+        resume_at = position if epoch == start_epoch else None
+        resume_at = resume_at and resume_at.rows_of(hvd.rank(), workers)  # Horovod 5: its rows
+        stats = loop.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                 log_every=args.log_every, workers=workers,
+                                 average=steps.average_over_ranks,  # Horovod 8
+                                 after_step=after_step,  # Horovod 3
+                                 watchdog=watchdog,  # Horovod 10
+                                 resume_at=resume_at,
+                                 save=steps.gather_rows_and_save(checkpoints))  # Horovod 5
+        step += stats["steps"]
+        if is_chief:
+            checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
+            log.epoch(epoch, step, lr, stats, validate())
+        steps.wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
+    if is_chief:
+        log.test(step, stats, loop.evaluate(eval_step, model, *test, cfg, watchdog))  # Horovod 10
+    steps.wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
     watchdog.stop()  # Horovod 10
 
 

@@ -15,13 +15,15 @@ import socket
 import sys
 
 from data import ptb
-from utils import cli, config, logs
+from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints, Position
 from utils.membership import Membership
 from utils.model import build
-from utils import training
+from utils.optimizers import make_optimizer
+from utils.train_steps import make_eval_step, make_train_step, seed_everything
 import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects Keras 2: Horovod 3)
-import horovod_steps as steps  # Horovod 1-10: the steps' bodies, shared with lm_ptb_distributed.py
+import tensorflow as tf  # Horovod 2
+import horovod_steps as steps  # Horovod 2-10: the hardening, shared with lm_ptb_distributed.py
 
 
 COMMIT_EVERY = 100  # Elastic 5: steps between commits when checkpoint_every is not set
@@ -71,9 +73,13 @@ def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     cfg["checkpoint_every"] = cfg["checkpoint_every"] or COMMIT_EVERY  # Elastic 5: as logged
+    config.check_together(cfg)  # Elastic 5: commits inside epochs, so no reduce_type 'param'
     steps.set_horovod_env(cfg)  # Horovod 2, 9: read once, by hvd.init()
     hvd.init()  # Horovod 1: start the ranks' background communication
-    steps.pin_to_local_rank(args.threads)  # Horovod 2: a GPU, or a share of the cores, per rank
+    gpus = steps.local_gpus()  # Horovod 2: this host's; too few for its ranks is one line
+    if gpus:  # Horovod 2: one GPU per local rank
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")  # Horovod 2
+    hardware.set_threads(args.threads or hardware.cores_per_process(hvd.local_size()))  # Horovod 2
     watchdog = steps.start_watchdog(cfg, args.output_dir)  # Horovod 10: from here on
     is_chief = hvd.rank() == 0  # Horovod 8: rank 0 alone logs, evaluates and saves
     cli.report_stops(is_chief)  # Horovod 8
@@ -82,7 +88,7 @@ def main(argv=None):
     ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
-    training.seed_everything(args.seed)
+    seed_everything(args.seed)
 
     # Elastic 2: no collective before hvd.elastic.run, where a worker that joins later would
     # wait for ever: each worker checks its own data (a shared folder, or a copy on each host)
@@ -90,20 +96,20 @@ def main(argv=None):
     corpus = ptb.load_corpus(args.data_path)
     global_x, global_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
     train_x = global_x  # Elastic 4: split in train(), for the workers of the moment
-    valid, test = training.eval_windows(corpus, cfg)
+    valid, test = loop.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch | "
              f"precision {cfg['precision']}")
-    log.info(training.precision_note(cfg))  # None (no line) unless bf16 is emulated here
+    log.info(hardware.precision_note(cfg))  # None (no line) unless bf16 is emulated here
 
     model = build(cfg, len(corpus.vocab))
-    optimizer = training.make_optimizer(cfg)
-    optimizer = steps.distributed_optimizer(optimizer, cfg)  # Horovod 3: average, then clip
-    eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
-                              model.zero_state(cfg["batch_size"]))
+    optimizer = make_optimizer(cfg)
+    if cfg["reduce_type"] == "grad":  # Horovod 3: average the gradients, then clip
+        optimizer = hvd.DistributedOptimizer(optimizer, **steps.allreduce_options(cfg))  # Horovod 3
+    eval_step = make_eval_step(model)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
     # Elastic 2: only rank 0 reads the checkpoint; the state's first sync hands it to the others
-    position = checkpoints.start(args.resume) if is_chief else Position(0)
+    position = checkpoints.start(args.resume, args.change_config) if is_chief else Position(0)
     # Elastic 1: what a reset restores (the last commit) and hands to new workers (rank 0's):
     # the weights and the optimizer's variables (its step and slots), as Horovod 4 broadcasts
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, position=position, sizes=())
@@ -112,16 +118,23 @@ def main(argv=None):
     # Elastic 8: who trained since the last start and how far, so a reset can say what changed
     membership = Membership(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
 
+    def validate():
+        return loop.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
+
     @hvd.elastic.run  # Elastic 3: after a lost or an added worker, again from the last commit
     @watchdog_through_resets(watchdog)  # Elastic 9
     def train(state):
         """The epochs from the last commit to the last, then the test."""
         position, workers, is_chief = state.position, hvd.size(), hvd.rank() == 0  # Elastic 4
+        if position.finished:  # --resume of a run that has trained and tested every epoch
+            return
         refuse_indivisible(cfg, workers)  # Elastic 4
         steps.check_ranks_agree(cfg, corpus, args.log_every)  # Elastic 2: Horovod 7 each time
-        train_x, train_y = steps.shard(global_x, global_y)  # Elastic 4: this worker's rows
-        train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
-                                              args.seed, hvd.rank())  # Elastic 4: own masks
+        train_x = ptb.shard(global_x, hvd.rank(), workers)  # Elastic 4: this worker's rows
+        train_y = ptb.shard(global_y, hvd.rank(), workers)  # Elastic 4
+        epoch_steps = schedule.epoch_steps(cfg, len(train_x))
+        train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
+                                     args.seed, hvd.rank())  # Elastic 4: own dropout masks
         after_step = steps.parameter_averaging(model, cfg)  # Elastic 4
         log.enabled, log.world_size = is_chief, workers  # Elastic 4
         if is_chief:
@@ -133,28 +146,28 @@ def main(argv=None):
             log.reset(change)  # Elastic 8: one line and a reset event, from rank 0
         # Elastic 7: after a reset as after --resume, the log goes on from the commit (the
         # events past it dropped) with one line per epoch: if rank 0 was lost in a validation,
-        # the new rank 0 logs that epoch now (every rank validates: none waits idle)
-        unlogged = steps.rank0s(log.resume(position, world_sizes=True))  # Horovod 8, 10
-        if unlogged:
-            valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
-            done = position.epochs_done
-            log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                      unlogged, valid_ppl)
+        # the new rank 0 validates that epoch now and writes its line
+        unlogged = log.resume(position, world_sizes=True)  # Elastic 7
+        unlogged = hvd.broadcast_object(unlogged, root_rank=0)  # Horovod 8, 10: what rank 0 does
+        if is_chief:
+            loop.log_unlogged_epoch(log, unlogged, position, epoch_steps, validate)
+        steps.wait_for_chief(watchdog, unlogged, train_x, valid[0])  # Horovod 10
         start_epoch = position.epochs_done
-        stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+        stats, step = None, start_epoch * epoch_steps
         for epoch in range(start_epoch, cfg["num_epochs"]):
-            lr = training.learning_rate(cfg, epoch, workers)
+            lr = schedule.learning_rate(cfg, epoch, workers)
             optimizer.learning_rate.assign(lr)
             state.sizes += (workers,) if state.sizes[-1:] != (workers,) else ()  # Elastic 6
-            resume_at = steps.own_rows(position) if epoch == start_epoch else None  # Horovod 5
-            stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                         log_every=args.log_every, workers=workers,
-                                         average=steps.average_over_ranks,  # Horovod 8
-                                         after_step=membership.counting(
-                                             epoch, after_step),  # Horovod 3, Elastic 8
-                                         watchdog=watchdog,  # Horovod 10
-                                         resume_at=resume_at,  # Horovod 5
-                                         save=commit_in_epoch(state, checkpoints))  # Elastic 5
+            resume_at = position if epoch == start_epoch else None
+            resume_at = resume_at and resume_at.rows_of(hvd.rank(), workers)  # Horovod 5: its rows
+            stats = loop.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                     log_every=args.log_every, workers=workers,
+                                     average=steps.average_over_ranks,  # Horovod 8
+                                     after_step=membership.counting(
+                                         epoch, after_step),  # Horovod 3, Elastic 8
+                                     watchdog=watchdog,  # Horovod 10
+                                     resume_at=resume_at,
+                                     save=commit_in_epoch(state, checkpoints))  # Elastic 5
             step += stats["steps"]
             stats["world_sizes"], state.sizes = state.sizes, ()  # Elastic 6
             stats["rolled_back"] = membership.epoch_done()  # Elastic 8
@@ -162,14 +175,12 @@ def main(argv=None):
             state.save()  # Elastic 5
             if is_chief:
                 checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
-                valid_ppl = training.evaluate(eval_step, model, *valid, cfg, watchdog)  # Horovod 10
-                log.epoch(epoch, step, lr, stats, valid_ppl)
+                log.epoch(epoch, step, lr, stats, validate())
             steps.wait_for_chief(watchdog, stats, train_x, valid[0])  # Horovod 10
             state.check_host_updates()  # Elastic 5: the commit's other half, a collective
         if is_chief:
-            test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
-            last = cfg["num_epochs"] - 1
-            log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
+            test_ppl = loop.evaluate(eval_step, model, *test, cfg, watchdog)  # Horovod 10
+            log.test(step, stats, test_ppl)
         steps.wait_for_chief(watchdog, stats, train_x, test[0])  # Horovod 10
 
     train(state)  # Elastic 3

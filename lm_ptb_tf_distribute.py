@@ -19,12 +19,14 @@ import os
 import sys
 
 from data import ptb
-from utils import cli, config, logs
+from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints, Position
+from utils.errors import TrainingError
 from utils.logs import kept_text
 from utils.model import build
-from utils import training
-from utils.watchdog import Watchdog, chief_work_allowance, guard_blocking_call
+from utils.optimizers import make_optimizer
+from utils.train_steps import make_eval_step, make_train_step, seed_everything
+from utils.watchdog import Watchdog, chief_wait_s, guard_blocking_call
 import tensorflow as tf
 
 # What a collective raises when a peer is gone (a killed or a frozen peer: UnavailableError in
@@ -64,7 +66,7 @@ def make_strategy(index, workers, threads):
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         tf.config.set_visible_devices(gpus[local.index(index) % len(gpus)], "GPU")
-    training.set_threads(threads or max(1, training.available_cores() // len(local)))
+    hardware.set_threads(threads or hardware.cores_per_process(len(local)))
     if len(workers) == 1:
         return tf.distribute.get_strategy()  # the default: no collectives at all
     implementation = tf.distribute.experimental.CommunicationImplementation
@@ -165,10 +167,23 @@ def resume_together(collectives, is_chief, model, optimizer, position, global_st
     position = position or Position(0)
     state = position.state or [tf.zeros_like(t) for t in tf.nest.flatten(global_state)]
     counts, loss_sum, *state = collectives.from_chief(is_chief, [
-        tf.constant([position.epochs_done, position.step], tf.int64),
+        tf.constant([position.epochs_done, position.step, position.finished], tf.int64),
         tf.constant(position.loss_sum, tf.float64), *state])
-    epochs_done, step = (int(v) for v in counts.numpy())
-    return Position(epochs_done, step, float(loss_sum), [s.numpy() for s in state] if step else None)
+    epochs_done, step, finished = (int(v) for v in counts.numpy())
+    state = [s.numpy() for s in state] if step else None
+    return Position(epochs_done, step, float(loss_sum), state, bool(finished))
+
+
+def unlogged_from_chief(collectives, is_chief, unlogged):
+    """tf.distribute 9: whether worker 0 validates an epoch at the resume, and that epoch's time
+    and steps, on every worker (RunLog.resume's stats; None: no such epoch), for the others'
+    allowance while they wait for it."""
+    mine = [unlogged["epoch_time_s"], unlogged["steps"]] if unlogged else [0.0, 0.0]
+    time_s, steps = (float(v) for v in collectives.from_chief(is_chief, [
+        tf.constant(mine, tf.float64)])[0].numpy())
+    if is_chief or not steps:
+        return unlogged
+    return {"epoch_time_s": time_s, "steps": int(steps)}
 
 
 def gather_rows_and_save(collectives, checkpoints, is_chief):
@@ -189,10 +204,7 @@ def average_over_workers(collectives):
 def wait_for_chief(collectives, watchdog, is_chief, stats, train_x, eval_x):
     """tf.distribute 9: the others wait in a collective while worker 0 saves and evaluates,
     allowing for that work beyond step_timeout_s; a worker that never arrives ends the job."""
-    extra_s = 0.0
-    if not is_chief and stats:
-        step_s = stats["epoch_time_s"] / stats["steps_run"]
-        extra_s = chief_work_allowance(step_s, train_x.shape[1:], eval_x.shape)
+    extra_s = chief_wait_s(stats, train_x.shape[1:], eval_x.shape) if not is_chief else 0.0
     watchdog.expect("the wait for the other workers after its checkpoint and evaluation"
                     if is_chief else "the wait for worker 0's checkpoint and evaluation",
                     extra_s=extra_s)
@@ -218,7 +230,7 @@ def main(argv=None):
     ptb.check_shardable(cfg["batch_size"], workers, cfg["backward_passes_per_step"])
     log = logs.RunLog(args.output_dir, args.config, cfg, world_size=workers, enabled=is_chief,
                       baseline=args.baseline)
-    training.seed_everything(args.seed)
+    seed_everything(args.seed)
     watchdog = Watchdog(cfg["step_timeout_s"], index, workers, args.output_dir,  # tf.distribute 9
                         role="worker")  # tf.distribute 9
 
@@ -228,72 +240,73 @@ def main(argv=None):
     train_x, train_y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
     train_x = ptb.shard(train_x, index, workers)  # tf.distribute 5: rows of the global batch
     train_y = ptb.shard(train_y, index, workers)  # tf.distribute 5
-    valid, test = training.eval_windows(corpus, cfg)
+    valid, test = loop.eval_windows(corpus, cfg)
     log.info(f"vocab {len(corpus.vocab)} | train {len(corpus.train)} tokens | "
              f"{len(train_x)} steps of {cfg['batch_size']}x{cfg['num_steps']} per epoch | "
              f"precision {cfg['precision']}")
-    log.info(training.precision_note(cfg))  # None (no line) unless bf16 is emulated here
+    log.info(hardware.precision_note(cfg))  # None (no line) unless bf16 is emulated here
 
     with strategy.scope():  # tf.distribute 3: variables mirrored, initial values from worker 0
         model = build(cfg, len(corpus.vocab))
-        optimizer = training.make_optimizer(cfg)
-    train_step = training.make_train_step(model, optimizer, cfg["backward_passes_per_step"],
-                                          args.seed, index,  # tf.distribute 4: own dropout masks
-                                          replicas=workers)  # tf.distribute 3: summed, so / N
+        optimizer = make_optimizer(cfg)
+    train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
+                                 args.seed, index,  # tf.distribute 4: own dropout masks
+                                 replicas=workers)  # tf.distribute 3: summed, so / N
     train_step = distributed(strategy, train_step)  # tf.distribute 3
-    eval_step = training.make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus,
-                              model.zero_state(cfg["batch_size"]))
-    position = checkpoints.start(args.resume) if is_chief else None
+    eval_step = make_eval_step(model)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
+    position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     if workers > 1:  # tf.distribute 4: resume together
         position = resume_together(collectives, is_chief, model, optimizer, position,
                                    model.zero_state(cfg["batch_size"]))
+    if position.finished:  # --resume of a run that has trained and tested every epoch
+        return
+    epoch_steps = schedule.epoch_steps(cfg, len(train_x))
+
+    def validate():
+        return loop.evaluate(eval_step, model, *valid, cfg, watchdog)  # tf.distribute 9
 
     def train(position):
-        """The epochs from `position` (a checkpoints.Position) to the last, then the test."""
+        """The epoch a stop cut short in its validation, if any; the epochs from `position` (a
+        checkpoints.Position) to the last; then the test."""
+        unlogged = log.resume(position) if args.resume else None
+        unlogged = unlogged_from_chief(collectives, is_chief, unlogged)  # tf.distribute 9
+        if is_chief:  # the epoch whose validation a stop cut short, if any, gets its line now
+            loop.log_unlogged_epoch(log, unlogged, position, epoch_steps, validate)
+        wait_for_chief(collectives, watchdog, is_chief, unlogged, train_x,
+                       valid[0])  # tf.distribute 9
         start_epoch = position.epochs_done
-        stats, step = None, start_epoch * training.epoch_steps(cfg, len(train_x))
+        stats, step = None, start_epoch * epoch_steps
         for epoch in range(start_epoch, cfg["num_epochs"]):
-            lr = training.learning_rate(cfg, epoch, workers)
+            lr = schedule.learning_rate(cfg, epoch, workers)
             optimizer.learning_rate.assign(lr)
-            # tf.distribute 5: this worker's rows of an in-epoch checkpoint's state
-            resume_at = position.rows_of(index, workers) if epoch == start_epoch else None
-            stats = training.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
-                                         log_every=args.log_every, workers=workers,
-                                         average=average_over_workers(collectives),  # tf.distribute 8
-                                         watchdog=watchdog,  # tf.distribute 9
-                                         resume_at=resume_at,  # tf.distribute 5
-                                         save=gather_rows_and_save(collectives, checkpoints,
-                                                                   is_chief))  # tf.distribute 5
+            resume_at = position if epoch == start_epoch else None
+            resume_at = resume_at and resume_at.rows_of(index, workers)  # tf.distribute 5
+            stats = loop.train_epoch(train_step, model, train_x, train_y, epoch, cfg, log,
+                                     log_every=args.log_every, workers=workers,
+                                     average=average_over_workers(collectives),  # tf.distribute 8
+                                     watchdog=watchdog,  # tf.distribute 9
+                                     resume_at=resume_at,
+                                     save=gather_rows_and_save(collectives, checkpoints,
+                                                               is_chief))  # tf.distribute 5
             step += stats["steps"]
             if is_chief:
                 checkpoints.save(epoch + 1)  # before validation: a stop there keeps the epoch
-                valid_ppl = training.evaluate(eval_step, model, *valid, cfg,
-                                              watchdog)  # tf.distribute 9
-                log.epoch(epoch, step, lr, stats, valid_ppl)
+                log.epoch(epoch, step, lr, stats, validate())
             wait_for_chief(collectives, watchdog, is_chief, stats, train_x,
                            valid[0])  # tf.distribute 9
         if is_chief:
-            test_ppl = training.evaluate(eval_step, model, *test, cfg, watchdog)  # tf.distribute 9
-            last = cfg["num_epochs"] - 1
-            log.test(last, step, training.learning_rate(cfg, last, workers), stats, test_ppl)
+            log.test(step, stats, loop.evaluate(eval_step, model, *test, cfg, watchdog))
         wait_for_chief(collectives, watchdog, is_chief, stats, train_x, test[0])  # tf.distribute 9
 
-    unlogged = log.resume(position) if args.resume else None
-    if unlogged:  # stopped during that epoch's validation, after its checkpoint: log it now
-        valid_ppl = training.evaluate(eval_step, model, *valid, cfg)
-        done = position.epochs_done
-        log.epoch(done - 1, done * training.epoch_steps(cfg, len(train_x)), unlogged["lr"],
-                  unlogged, valid_ppl)
     try:
         train(position)
     except COLLECTIVE_ERRORS as e:  # tf.distribute 9: a peer is gone
-        raise training.TrainingError(
+        raise TrainingError(
             f"worker {index}: a collective with the other workers failed ({type(e).__name__}), "
             "so another worker stopped or cannot be reached (its own output says why); "
             f"{kept_text()}") from None
     watchdog.stop()  # tf.distribute 9
-
 
 if __name__ == "__main__":
     sys.exit(cli.run_main(main))

@@ -113,12 +113,12 @@ def timed_alternately(runs, reps):
 def profile_small(reps=15):
     """Where a small-config train step's time goes: the real step, and its parts alone."""
     tf = import_tensorflow()
-    from utils import training
+    from utils import optimizers, train_steps
     from utils.model import bptt_lstm, build_model, sequence_loss
     cfg = config.load_config("config_small")
     b, t, h = cfg["batch_size"], cfg["num_steps"], cfg["hidden_size"]
     model = build_model(cfg, VOCAB)
-    step = training.make_train_step(model, training.make_optimizer(cfg))
+    step = train_steps.make_train_step(model, optimizers.make_optimizer(cfg))
     x = tf.constant(np.random.RandomState(0).randint(0, VOCAB, (b, t)), tf.int32)
     hidden = tf.random.normal([b, t, h])
     state = model.zero_state(b)
@@ -341,14 +341,14 @@ def eval_cost(data_path, train_steps, eval_windows):
     and in the training layout (whole set)."""
     tf = import_tensorflow()
     from data import ptb
-    from utils import training
+    from utils import loop, optimizers, train_steps
     from utils.model import build_model
     corpus = ptb.load_corpus(data_path)
     out = {}
     for name in ("config_medium", "config_large"):
         cfg = config.load_config(name)
         model = build_model(cfg, len(corpus.vocab))
-        step = training.make_train_step(model, training.make_optimizer(cfg))
+        step = train_steps.make_train_step(model, optimizers.make_optimizer(cfg))
         xs, ys = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"])
         state, times = model.zero_state(cfg["batch_size"]), []
         for k in range(train_steps + 1):  # the first one traces
@@ -357,14 +357,14 @@ def eval_cost(data_path, train_steps, eval_windows):
             float(loss)
             times.append(time.perf_counter() - t0)
         row = {"train_epoch_s": statistics.median(times[1:]) * len(xs)}
-        eval_step = training.make_eval_step(model)
+        eval_step = train_steps.make_eval_step(model)
         for layout, (batch, steps) in (("batch 1 x 35", (1, 35)),
                                        ("training layout", (cfg["batch_size"], cfg["num_steps"]))):
             vx, vy = ptb.windows(corpus.valid, batch, steps)
             n = min(len(vx), eval_windows)
-            training.evaluate(eval_step, model, vx[:1], vy[:1], dict(cfg, eval_steps=1))  # trace
+            loop.evaluate(eval_step, model, vx[:1], vy[:1], dict(cfg, eval_steps=1))  # trace
             t0 = time.perf_counter()
-            training.evaluate(eval_step, model, vx, vy, dict(cfg, eval_steps=n))
+            loop.evaluate(eval_step, model, vx, vy, dict(cfg, eval_steps=n))
             row[f"valid_s, {layout}"] = (time.perf_counter() - t0) * len(vx) / n
             row[f"valid_share, {layout}"] = row[f"valid_s, {layout}"] / row["train_epoch_s"]
         out[name] = row
@@ -558,7 +558,7 @@ def measure_all(args, sizes, steps, launchers, cores):
     """The full benchmark (or --quick): the ceilings, floors, profiles and every trainer row in
     rounds, and the ratios between rows; the result that write_result keeps."""
     py, mpirun, dist = launchers
-    from utils.training import bf16_units
+    from utils.hardware import bf16_units
     peer = find_peer(args.peer_python)
     against = other_stack(args.against) if args.against else None
     rates = matmul_gflops(matmul_shapes())

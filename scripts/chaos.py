@@ -207,8 +207,18 @@ class Job:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         for pid in self.leftovers():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            send(pid, signal.SIGCONT)  # one a fault stopped would otherwise stay, stopped
+            send(pid, signal.SIGKILL)
+
+
+def send(pid, sig):
+    """os.kill that tells whether the process was there: a worker may end on its own between
+    being picked and being signalled (its job ended, another fault took it)."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def events(out):
@@ -266,9 +276,7 @@ class Faults:
         pid, host = self.pick_worker()
         if pid is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        return f"pid {pid} on {host}"
+        return f"pid {pid} on {host}" if send(pid, sig) else None
 
     def kill(self):
         return self.signal(signal.SIGKILL)
@@ -281,10 +289,12 @@ class Faults:
         pid, host = self.pick_worker()
         if pid is None:
             return None
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(STEP_TIMEOUT_S + 10)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+        if not send(pid, signal.SIGSTOP):
+            return None
+        try:
+            time.sleep(STEP_TIMEOUT_S + 10)
+        finally:
+            send(pid, signal.SIGCONT)
         return f"pid {pid} on {host}"
 
     def kill_in_save(self, timeout=120):
@@ -298,10 +308,9 @@ class Faults:
             while time.monotonic() - listed < 0.5:  # the workers' files, every millisecond
                 for pid, host in workers.items():
                     path = writing(pid, folder)
-                    if path:
-                        os.kill(pid, signal.SIGSTOP)
+                    if path and send(pid, signal.SIGSTOP):
                         still = writing(pid, folder)
-                        os.kill(pid, signal.SIGKILL)
+                        send(pid, signal.SIGKILL)
                         when = "writing" if still else "just after writing"
                         name = os.path.relpath(still or path, folder)
                         return f"pid {pid} on {host}, {when} {name}"
@@ -313,7 +322,8 @@ class Faults:
         first_pid, host = self.pick_worker()
         if first_pid is None:
             return None
-        os.kill(first_pid, signal.SIGKILL)
+        if not send(first_pid, signal.SIGKILL):
+            return None
         # the driver starts a new worker on that host after its cooldown; kill it while the
         # job takes it in (between its start and the step after the reset)
         deadline = time.monotonic() + 90
@@ -321,8 +331,7 @@ class Faults:
             new = [p for p, h in self.job.workers().items() if h == host and p != first_pid]
             if new:
                 time.sleep(self.rng.uniform(3, 12))
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(new[0], signal.SIGKILL)
+                send(new[0], signal.SIGKILL)
                 return f"pid {first_pid} on {host}, then its replacement pid {new[0]}"
             time.sleep(0.1)
         # only the first kill happened: count it as a kill, and try this kind again later
@@ -342,16 +351,17 @@ class Faults:
         survivor = [p for p, h in workers.items() if h == other[1]]
         if not dead or not survivor:
             return None
-        os.kill(survivor[0], signal.SIGSTOP)
+        if not send(survivor[0], signal.SIGSTOP):
+            return None
         try:
-            os.kill(dead[0], signal.SIGKILL)
+            send(dead[0], signal.SIGKILL)
             deadline = time.monotonic() + 5
             while twohosts.alive(dead[0]) and time.monotonic() < deadline:
                 time.sleep(0.01)
             time.sleep(0.3)  # its connections' ends reach the survivor's kernel
             twohosts.set_link(other, up=False)  # at the survivor's end: its connects fail at once
         finally:
-            os.kill(survivor[0], signal.SIGCONT)
+            send(survivor[0], signal.SIGCONT)
         try:
             time.sleep(3)
         finally:
@@ -471,11 +481,13 @@ def run(opts):
             job = Job(opts.launcher, hosts, os.path.join(out, "run"),
                       trainer_args(opts.data_path, per_epoch), workdir)
             started = time.time()
-            pending = drive(job, Faults(job, rng, out), list(zip(faults, gaps)), report,
-                            deadline=time.monotonic() + opts.minutes * 60 * 4 + 600)
+            try:
+                pending = drive(job, Faults(job, rng, out), list(zip(faults, gaps)), report,
+                                deadline=time.monotonic() + opts.minutes * 60 * 4 + 600)
+            finally:  # a crash of this driver too: no worker of the job may stay, stopped or not
+                job.end()
             report.update(wall_s=time.time() - started, launches=job.launches,
                           not_injected=[k for k, _ in pending], num_epochs=job.epochs)
-            job.end()
             time.sleep(1)
             report.update(leftovers=job.leftovers(), lines=job.lines, aborts=job.aborts,
                           events=events(job.out),
@@ -669,7 +681,11 @@ def verdict(report):
             + (f"{statistics.median(waits):.1f}, {max(waits):.1f}" if waits else "—") + " |")
     epochs = [e for e in report["events"] if e["event"] == "epoch"]
     final = epochs[-1]["valid_ppl"] if epochs else None
-    ref = report["reference"][-1]["valid_ppl"] if report["reference"] else None
+    # like with like: the reference's epoch of the same number as the faulted run's last
+    ref = next((e["valid_ppl"] for e in report["reference"]
+                if epochs and e["epoch"] == epochs[-1]["epoch"]), None)
+    reference_epochs = [e["epoch"] for e in report["reference"]]
+    wanted = list(range(1, report["num_epochs"] + 1))
     if final and ref:
         say(f"final valid perplexity {final:.2f}, uninterrupted {ref:.2f} "
             f"({(final / ref - 1) * 100:+.2f} %); {report['launches']} launches, "
@@ -682,15 +698,18 @@ def verdict(report):
                if f["kind"] in BLIPS and f["aborts"]]
     # (check, held, what failed it): each check's name once, its detail beside it
     results = [
+        ("the uninterrupted reference ran every epoch (exit status 0)",
+         report["reference_rc"] == 0 and reference_epochs == wanted,
+         f"exit status {report['reference_rc']}, epochs {reference_epochs}"),
         ("every fault of the schedule injected, each kind at least --each times",
          not report["not_injected"] and not short,
          f"not injected {report['not_injected']}, short {short}"),
         ("the job finished its epochs",
-         report["returncode"] == 0 and
-         [e["epoch"] for e in epochs] == list(range(1, report["num_epochs"] + 1)) and
+         report["returncode"] == 0 and [e["epoch"] for e in epochs] == wanted and
          any(e["event"] == "test" for e in report["events"]), ""),
         (f"the final valid perplexity is the uninterrupted run's within {tolerance:.1%}",
-         bool(final and ref) and abs(final / ref - 1) <= tolerance, ""),
+         bool(final and ref) and abs(final / ref - 1) <= tolerance,
+         f"{final} against {ref}" if ref else "no reference epoch of the same number"),
         ("no process of the run is left", not report["leftovers"],
          f"pids {report['leftovers']}"),
         ("every checkpoint on disk loads", all(v is None for v in report["checkpoints"].values()),

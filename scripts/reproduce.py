@@ -7,6 +7,9 @@
 `start` launches `mpirun -np NP lm_ptb_distributed.py` in the background (it outlives this
 command, not the machine), with --resume when the run folder holds a run, appending its
 output to <run>/train.log, and records the start (time, commit, CPU, command) as a segment.
+It returns once the trainer's own output tells how the start went: its first progress line,
+or its error and exit code (a checkpoint that does not fit, a changed config, a folder it
+cannot write), or its line saying the run is finished.
 `status` says whether it runs, the epoch reached and the ETA, and copies the logs that the
 results table reads, and train.log, into results/runs/<size>-<NP>workers/ (kind "running"
 while it runs, "partial" when stopped before its last epoch, "full" when done), ready to commit.
@@ -38,7 +41,9 @@ from scripts.results import epoch_time  # noqa: E402
 from utils import KERNEL_DEFAULTS, config  # noqa: E402
 
 DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs
-EARLY_EXIT_S = 5  # a job that ends this soon did not start (mpirun's slots, a bad flag)
+# How long a start waits for the trainer's first progress line (log_every 100 steps: large in
+# fp32 on a 2-core AVX2 host takes about 200 s to it, and its start-up is under a minute)
+FIRST_LINE_WAIT_S = 900
 # A checkpoint every this many steps inside an epoch too, so that a sitting's end loses minutes,
 # not up to an epoch (large on a 2-core AVX2 host: 48-66 minutes an epoch, 4-5 per 100 steps); a
 # resume continues from it exactly (docs/training.md). --set checkpoint_every=N overrides it.
@@ -62,6 +67,8 @@ def parse_args(argv):
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
+    p.add_argument("--change_config", action="store_true",
+                   help="passed to the trainer at this start: resume under a changed config")
     p.add_argument("--runs_dir", default=DEFAULT_RUNS_DIR)
     p.add_argument("--results_dir", default=os.path.join(REPO, "results", "runs"))
     return p.parse_intermixed_args(argv)
@@ -75,12 +82,14 @@ def names(args):
             os.path.join(args.results_dir, f"{size}-{args.np}workers{bf16}"))
 
 
-def make_command(args, settings=None):
+def make_command(args, settings=None, checkout=REPO):
     """The make command that starts or continues this run; RUNS too where it is not the default,
-    since the same command without it refuses to start the run again elsewhere, and the kernel
-    settings its last sitting ran with where they are not what the trainers set by default."""
+    since the same command without it refuses to start the run again elsewhere, the kernel
+    settings its last sitting ran with where they are not what the trainers set by default, and
+    the checkout it trains from where that is not this one (a clone of its own)."""
     runs_dir = os.path.abspath(args.runs_dir)
-    return " ".join([*(f"{name}={value}" for name, value in (settings or {}).items()
+    return " ".join([*([f"cd {checkout} &&"] if checkout != REPO else []),
+                     *(f"{name}={value}" for name, value in (settings or {}).items()
                        if KERNEL_DEFAULTS.get(name) != value),
                      f"make reproduce CONFIG={args.config}",
                      *([f"NP={args.np}"] if args.np != 2 else []),
@@ -130,6 +139,8 @@ def start(args):
     command = trainer_command(args, run_dir)
     if resume:
         command.append("--resume")
+    if args.change_config:
+        command.append("--change_config")
     env = record()
     segment = {"started_utc": env.pop("date_utc"), **env,
                "epochs_done_at_start": checkpoint_epochs(run_dir),
@@ -139,24 +150,58 @@ def start(args):
         segment["settings"] = settings
     with open(os.path.join(run_dir, "segments.jsonl"), "a") as f:
         f.write(json.dumps(segment) + "\n")
-    with open(os.path.join(run_dir, "train.log"), "a") as log:
+    log_path = os.path.join(run_dir, "train.log")
+    with open(log_path, "a") as log:
+        offset = log.tell()
         job = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     with open(os.path.join(run_dir, "pid"), "w") as f:
         f.write(str(job.pid))
-    try:
-        code = job.wait(EARLY_EXIT_S)
-    except subprocess.TimeoutExpired:
-        code = 0
+    code, line = first_report(job, log_path, offset, FIRST_LINE_WAIT_S)
     if code:
-        print(f"error: the run ended at once (exit {code}): {first_reason(run_dir)}; fix that and "
-              f"run the same command again (the whole output: {shown(run_dir)}/train.log)",
-              file=sys.stderr)
+        print(f"error: the run ended (exit {code}): {line}; fix that and run the same command "
+              f"again (the whole output: {shown(run_dir)}/train.log)", file=sys.stderr)
         return 1
-    print(f"reproduce: {'resumed' if resume else 'started'} {args.config} with {args.np} worker"
-          f"{'s' if args.np > 1 else ''} "
-          f"in the background (pid {job.pid}); log {shown(run_dir)}/train.log")
+    what = ("finished" if job.poll() is not None else "resumed" if resume else "started")
+    print(f"reproduce: {what} {args.config} with {args.np} worker{'s' if args.np > 1 else ''}"
+          + ("" if what == "finished" else f" in the background (pid {job.pid})")
+          + f"; its {'last' if what == 'finished' else 'first'} line: {line}; "
+          f"log {shown(run_dir)}/train.log")
     return 0
+
+
+def first_report(job, log_path, offset, wait_s):
+    """(exit code, line) once the trainer's output past `offset` tells how the start went: its
+    first progress line (0), or, if it ended, its error (from first_reason) and exit code, or
+    its last line where it ended well (a finished run says so); (0, a note) if neither came
+    within wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        code = job.poll()
+        with open(log_path, errors="replace") as f:
+            f.seek(offset)
+            lines = [line.strip() for line in f]
+        progress = next((line for line in lines if "| step " in line), None)
+        if progress:
+            return 0, progress
+        if code is not None:
+            said = [line for line in lines if line.startswith("[ptb]")]
+            return (code, first_reason(lines)) if code else (0, said[-1] if said else "no line")
+        if time.monotonic() > deadline:
+            return 0, f"none yet after {wait_s} s (`make reproduce-status` follows it)"
+        time.sleep(0.5)
+
+
+def run_checkout(run_dir):
+    """The checkout the run's last sitting trained from (its venv's Python in the recorded
+    command: a clone of its own for a run longer than the code stays still), else this one."""
+    try:
+        with open(os.path.join(run_dir, "segments.jsonl")) as f:
+            command = json.loads(f.read().splitlines()[-1])["command"]
+    except (OSError, IndexError, ValueError, KeyError):
+        return REPO
+    python = next((w for w in shlex.split(command) if w.endswith("/.venv/bin/python")), None)
+    return os.path.dirname(os.path.dirname(os.path.dirname(python))) if python else REPO
 
 
 def last_settings(run_dir):
@@ -220,14 +265,14 @@ def shown(path):
     return os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else path
 
 
-def first_reason(run_dir):
-    """What a failed start says: the trainer's `error:` line, else the first paragraph of
+def first_reason(lines):
+    """What a failed start says, from its lines of output: the trainer's first `error:` line
+    (rank 0's own, not another rank's "another rank stopped"), else the first paragraph of
     mpirun's last boxed message (between lines of dashes), else the last line."""
-    with open(os.path.join(run_dir, "train.log"), errors="replace") as f:
-        lines = [line.strip() for line in f]
-    for line in reversed(lines):
-        if line.startswith("error:"):
-            return line.removeprefix("error:").strip()
+    errors = [line for line in lines if line.startswith("error:")]
+    own = [line for line in errors if not line.startswith("error: another rank stopped")]
+    if errors:
+        return (own or errors)[0].removeprefix("error:").strip()
     rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
     if len(rules) >= 2:
         box = lines[rules[-2] + 1:rules[-1]]
@@ -264,7 +309,7 @@ def status(args):
         return 1
     done = any(e["event"] == "test" for e in log)
     alive = bool(running(run_dir))
-    command = make_command(args, last_settings(run_dir))
+    command = make_command(args, last_settings(run_dir), run_checkout(run_dir))
     print(status_line(command, log, alive))
     keep(run_dir, results_dir, command, "full" if done else
          "running" if alive else "partial")
@@ -314,7 +359,8 @@ def stop(args):
     pid = running(run_dir)
     if not pid:
         print(f"reproduce: {args.config} is not running; "
-              f"`{make_command(args, last_settings(run_dir))}` continues it")
+              f"`{make_command(args, last_settings(run_dir), run_checkout(run_dir))}` continues "
+              "it")
         return 0
     for rank in children(pid):
         with contextlib.suppress(ProcessLookupError):

@@ -9,7 +9,7 @@ this shared VM's speed over minutes cancels out of the ratios, which a run per v
 A variant is LABEL=PYTHON[:NAME=VALUE,...] (TF_NUM_INTEROP_THREADS=1, say, for its own thread
 count); ratios are against the first variant's step time
 (above 1: slower). Random ids, the config's real shapes; the steps are the trainers' own.
-With --loop a burst is the trainers' own epoch loop (training.train_epoch) over that many
+With --loop a burst is the trainers' own epoch loop (loop.train_epoch) over that many
 real PTB windows instead: the step plus what the trainer does around it.
 """
 import argparse
@@ -49,7 +49,7 @@ def serve(config_name, overrides, threads, batch, data_path=None):
     """A worker: build the model and its train step, warm up, then on each 'N' line from the
     driver run N steps (with data_path: train_epoch over N real windows, each burst at the
     next ones) and answer with the seconds they took."""
-    from utils import import_tensorflow, training  # TF_USE_LEGACY_KERAS set first
+    from utils import import_tensorflow, optimizers, train_steps  # Keras selected first
     tf = import_tensorflow()
     from utils.model import build
     # a variant may set TensorFlow's own TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS
@@ -60,7 +60,7 @@ def serve(config_name, overrides, threads, batch, data_path=None):
     cfg = load_config(config_name, overrides)
     batch = batch or cfg["batch_size"]
     model = build(cfg, 10000)  # the config's model: another one is timed the same way
-    step = training.make_train_step(model, training.make_optimizer(cfg))
+    step = train_steps.make_train_step(model, optimizers.make_optimizer(cfg))
     ids = tf.random.stateless_uniform([batch, cfg["num_steps"]], [1, 2], maxval=10000,
                                       dtype=tf.int32)
     state = model.zero_state(batch)
@@ -81,7 +81,7 @@ def serve(config_name, overrides, threads, batch, data_path=None):
 def serve_loop(step, model, cfg, batch, data_path):
     import tensorflow as tf
     from data import ptb
-    from utils import training
+    from utils import loop
     x, y = ptb.windows(ptb.load_corpus(data_path).train, batch, cfg["num_steps"], "train")
     at = 0
     print(f"ready TensorFlow {tf.__version__}", flush=True)
@@ -89,7 +89,7 @@ def serve_loop(step, model, cfg, batch, data_path):
         n = int(line)
         at = at if at + n <= len(x) else 0
         t0 = time.perf_counter()
-        training.train_epoch(step, model, x[at:at + n], y[at:at + n], 0,
+        loop.train_epoch(step, model, x[at:at + n], y[at:at + n], 0,
                              dict(cfg, batch_size=batch, steps_per_epoch=n), _Quiet(),
                              log_every=n)
         print(time.perf_counter() - t0, flush=True)

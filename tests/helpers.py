@@ -130,3 +130,38 @@ def checkpoint_weights(run_dir):
     reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints"))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
             if name.startswith("model/")}
+
+
+def edit_checkpoint_config(prefix, changes=None):
+    """Rewrite the checkpoint at `prefix` (ckpt-N) with its saved config changed by `changes`,
+    or without a saved config at all when changes is None (as checkpoints written before they
+    held one): every other tensor, the object graph included, is written back as it was."""
+    import tensorflow as tf
+    from utils.checkpoints import RUN_CONFIG_KEY
+    reader = tf.train.load_checkpoint(prefix)
+    values = {name: reader.get_tensor(name) for name in reader.get_variable_to_dtype_map()}
+    if changes is None:
+        del values[RUN_CONFIG_KEY]
+    else:
+        values[RUN_CONFIG_KEY] = json.dumps({**json.loads(values[RUN_CONFIG_KEY]), **changes})
+    names = sorted(values)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[values[name] for name in names])
+
+
+def first_loss(data_path, config_path, sets, seed, precision):
+    """The per-token loss of a trainer's first training step (its first progress line with
+    --log_every 1), computed here in `precision` from the same seed, config, --set values and
+    first batch: the trainer's initial weights are a function of the seed alone."""
+    import tensorflow as tf
+    from data import ptb
+    from utils import config, train_steps
+    from utils.model import build, sequence_loss
+    cfg = dict(config.load_config(config_path, sets), precision=precision)
+    corpus = ptb.load_corpus(data_path)
+    x, y = ptb.windows(corpus.train, cfg["batch_size"], cfg["num_steps"], "train")
+    train_steps.seed_everything(seed)
+    model = build(cfg, len(corpus.vocab))
+    logits, _ = model(tf.constant(x[0]), model.zero_state(cfg["batch_size"]), training=True,
+                      noise_seed=train_steps.noise_seed(seed, 0, 0))
+    return float(sequence_loss(logits, tf.constant(y[0]))) / cfg["num_steps"]

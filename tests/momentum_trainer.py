@@ -8,7 +8,7 @@ import runpy
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from utils import import_tensorflow, training  # noqa: E402
+from utils import import_tensorflow, optimizers  # noqa: E402
 
 tf = import_tensorflow()
 
@@ -18,6 +18,6 @@ def make_optimizer(cfg):
                                           global_clipnorm=cfg["max_grad_norm"])
 
 
-training.make_optimizer = make_optimizer
+optimizers.make_optimizer = make_optimizer
 script, sys.argv = sys.argv[1], sys.argv[1:]
 runpy.run_path(script, run_name="__main__")

@@ -13,7 +13,7 @@ import tensorflow as tf
 import horovod_steps
 from data import ptb
 from tests.helpers import patterned_sentences
-from utils import config, training
+from utils import config, loop, optimizers, train_steps
 from utils.model import build_model
 
 
@@ -32,8 +32,8 @@ def main(every, steps, out_dir):
     x, y = (ptb.shard(a, hvd.rank(), hvd.size()) for a in ptb.windows(ids, 20, 10))
     model = build_model(cfg, int(ids.max()) + 1)
     hvd.broadcast_variables(model.variables, root_rank=0)
-    optimizer = training.make_optimizer(cfg)
-    step_fn = training.make_train_step(model, optimizer)
+    optimizer = optimizers.make_optimizer(cfg)
+    step_fn = train_steps.make_train_step(model, optimizer)
     sync = horovod_steps.parameter_averaging(model, cfg)
     digests = []
 
@@ -41,7 +41,7 @@ def main(every, steps, out_dir):
         sync(done, total)
         flat = np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
         digests.append(hashlib.sha256(flat.tobytes()).hexdigest()[:12])
-    training.train_epoch(step_fn, model, x, y, 0, cfg, NoLog(), log_every=steps,
+    loop.train_epoch(step_fn, model, x, y, 0, cfg, NoLog(), log_every=steps,
                          average=lambda t: hvd.allreduce(t, op=hvd.Average), after_step=after_step)
     with open(f"{out_dir}/rank{hvd.rank()}.json", "w") as f:
         json.dump({"rank": hvd.rank(), "digests": digests}, f)

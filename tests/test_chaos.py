@@ -50,7 +50,7 @@ def hand_made_report(faults, aborts):
     return {"launcher": "elastic", "kinds": [kind for kind, _ in faults], "each": 1,
             "steps_per_epoch": 100, "wall_s": 60, "launches": 2, "not_injected": [],
             "returncode": 0, "num_epochs": 3, "leftovers": [], "checkpoints": {},
-            "metrics_whole": [], "progress_times": [], "reference": epochs,
+            "metrics_whole": [], "progress_times": [], "reference": epochs, "reference_rc": 0,
             "events": [*epochs, {"event": "test"}], "aborts": aborts,
             "lines": [(t + 1, "[ptb] reset | workers 2 → 1 | again from epoch 1 step 10")
                       for _, t in faults],
@@ -70,6 +70,33 @@ def test_a_rendezvous_giving_up_fails_the_check_only_in_a_blip():
         report = hand_made_report(faults, [(when, abort)])
         assert not chaos.verdict(report) and not report["checks"][check]
         assert [c for c, ok in report["checks"].items() if not ok] == [check]
+
+
+def test_the_reference_is_checked_and_compared_epoch_for_epoch():
+    """The uninterrupted run is checked like the faulted one (its exit status, all its epochs),
+    and the faulted run's last epoch is compared with the reference's epoch of that number: a
+    reference that stopped after 2 of 3 epochs, at the very perplexity of the faulted run's last,
+    used to pass the comparison."""
+    faults = [("kill", 100)]
+    reference_check = "the uninterrupted reference ran every epoch (exit status 0)"
+    assert chaos.verdict(hand_made_report(faults, []))
+    for rc, epochs in ((1, (1, 2, 3)), (0, (1, 2)), (-9, (1, 2))):
+        report = hand_made_report(faults, [])
+        report["reference_rc"] = rc
+        report["reference"] = [e for e in report["reference"] if e["epoch"] in epochs]
+        assert not chaos.verdict(report)
+        failed = [c for c, ok in report["checks"].items() if not ok]
+        assert failed[0] == reference_check, failed
+        assert (len(failed) == 2) == (epochs == (1, 2)), failed  # no epoch 3 to compare with
+    # each epoch's own reference: epoch 3 against epoch 3, whatever the others
+    report = hand_made_report(faults, [])
+    report["reference"] = [dict(e, valid_ppl=v)
+                           for e, v in zip(report["reference"], (900.0, 300.0, 303.0))]
+    assert chaos.verdict(report)
+    report["reference"][2]["valid_ppl"] = 200.0
+    assert not chaos.verdict(report)
+    assert [c for c, ok in report["checks"].items() if not ok] == [
+        "the final valid perplexity is the uninterrupted run's within 3.0%"]
 
 
 def test_every_checkpoint_on_disk_is_read_and_a_damaged_one_named(tmp_path):

@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY, events, mpirun
+from tests.helpers import REPO, TINY, events, mpirun, run_script
+from utils import config
 
 
 def run(corpus, out, *sets):
@@ -114,3 +115,20 @@ def test_passes_that_do_not_divide_the_rows_are_refused(corpus, tmp_path):
     assert r.returncode != 0
     assert "10 rows per worker (batch_size=20, 2 workers) do not split into " \
            "backward_passes_per_step=3 slices" in r.stderr
+
+
+def test_parameter_averaging_refuses_saves_inside_an_epoch_in_one_line(corpus, tmp_path):
+    """A save inside an epoch would hold rank 0's weights between two averagings: refused by
+    the config, and by the elastic trainer, whose commits are such saves, before any rank
+    starts Horovod."""
+    with pytest.raises(config.ConfigError) as e:
+        config.load_config(TINY, ["reduce_type='param'", "checkpoint_every=5"])
+    assert str(e.value).startswith("reduce_type='param' cannot save inside an epoch "
+                                   "(checkpoint_every=5; ")
+    r = run_script(["lm_ptb_elastic.py", "--config", TINY, "--data_path", corpus,
+                    "--output_dir", str(tmp_path / "run"), "--set", "reduce_type='param'"],
+                   timeout=120)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: reduce_type='param' cannot save inside an epoch "
+                               "(checkpoint_every=100; lm_ptb_elastic.py's commits"), r.stderr
+    assert not (tmp_path / "run").exists()

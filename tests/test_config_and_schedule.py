@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import REPO
 from utils import config
-from utils.training import learning_rate
+from utils.loop import learning_rate
 
 PAPER = {  # Zaremba et al. 2014 / the TF tutorial's table
     "config_small": dict(init_scale=0.1, max_grad_norm=5, num_steps=20, hidden_size=200,

@@ -407,8 +407,8 @@ def test_a_rank_frozen_in_the_start_up_ends_the_job(corpus, tmp_path):
 def test_resuming_with_fewer_steps_per_epoch_than_the_checkpoints_step_is_one_line(
         long_corpus, tmp_path):
     """A checkpoint 40 or more steps into an epoch, resumed by 2 ranks whose epochs are now 30
-    steps long: every rank says so in one line instead of failing on a name or a division by
-    zero."""
+    steps long: refused as a changed config, and with --change_config every rank says why it
+    cannot go on in one line instead of failing on a name or a division by zero."""
     out = str(tmp_path / "run")
     args = ["--config", TINY, "--data_path", long_corpus, "--output_dir", out,
             "--set", "steps_per_epoch=300", "--set", "checkpoint_every=20", "--log_every", "20"]
@@ -416,6 +416,9 @@ def test_resuming_with_fewer_steps_per_epoch_than_the_checkpoints_step_is_one_li
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     term_once_saved(job, os.path.join(out, "checkpoints", "steps", "ckpt-40.index"))
     r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=30"]))
+    assert r.returncode != 0 and "error: --resume: the run was trained with other values of " \
+        "steps_per_epoch (steps_per_epoch 300 -> 30); " in r.stderr, r.stderr
+    r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=30", "--change_config"]))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert re.search(
         r"error: --resume: the checkpoint is \d+ steps into epoch 1, which now has 30 "

@@ -3,6 +3,8 @@ TensorFlow's start-up notes kept out of stderr (utils.import_tensorflow), oneDNN
 import json
 import os
 import platform
+import select
+import signal
 import subprocess
 import sys
 
@@ -97,6 +99,33 @@ def test_a_failing_tensorflow_import_shows_what_it_printed_and_why(tmp_path):
     assert r.returncode == 1
     assert r.stderr.startswith("E0000 something TensorFlow really reports\nTraceback")
     assert "ImportError: no libcudart" in r.stderr and "oneDNN" not in r.stderr
+
+
+def test_a_tensorflow_import_that_aborts_natively_keeps_what_it_printed(tmp_path):
+    """A native abort inside the import (a missing instruction set, a broken CUDA library)
+    kills the process at once, with no Python left to pass on what the import printed: the
+    filter process does, and the notes are still dropped."""
+    r = import_with_fake_tensorflow(tmp_path, NOTES_AND_A_REAL_LINE + "os.abort()\n")
+    assert r.returncode == -signal.SIGABRT and not r.stdout, r.stdout
+    assert r.stderr == "E0000 something TensorFlow really reports\n"
+
+
+def test_a_tensorflow_import_that_hangs_shows_its_lines_while_it_hangs(tmp_path):
+    """Its lines come as they are written, not when the import returns: a hang shows them."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(
+        NOTES_AND_A_REAL_LINE + "import time\ntime.sleep(120)\n")
+    env = script_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    job = subprocess.Popen([sys.executable, "-c", IMPORTER], env=env, cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = select.select([job.stderr], [], [], 60)[0]
+        assert ready, "no line of the hanging import within 60 s"
+        assert job.stderr.readline() == "E0000 something TensorFlow really reports\n"
+        assert job.poll() is None  # still importing
+    finally:
+        job.kill()
+        job.communicate()
 
 
 ONEDNN = ("from utils import import_tensorflow; import_tensorflow(); "

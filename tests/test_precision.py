@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from utils import config, training
+from utils import config, hardware
 from utils.model import COMPUTE_DTYPES, PTBModel, build_model, sequence_loss
-from tests.helpers import REPO, finish, horovodrun, list_hosts, run_script
+from tests.helpers import REPO, finish, first_loss, horovodrun, list_hosts, run_script
 
 # 1 + 2^-9 is no bfloat16 (8 significant bits: next to 1 are 1 - 2^-8 and 1 + 2^-7); rounded to
 # the nearest even, it becomes 1. An fp32 product keeps it; a bf16 operand loses it.
@@ -138,11 +138,15 @@ def test_bf16_model_keeps_fp32_variables_gradients_state_and_logits(impl):
     assert all(t.dtype == tf.float32 for t in tf.nest.flatten(state16))
     assert all(v.dtype == tf.float32 for v in model.variables)
     assert loss16 == pytest.approx(loss32, rel=1e-3)
+    worst = 0.0
     for g16, g32 in zip(grads16, grads32):
         g16, g32 = tf.convert_to_tensor(g16), tf.convert_to_tensor(g32)
         assert g16.dtype == tf.float32
         g16, g32 = g16.numpy(), g32.numpy()
         assert np.abs(g16 - g32).max() <= 3e-2 * np.abs(g32).max()
+        worst = max(worst, np.abs(g16 - g32).max() / np.abs(g32).max())
+    # and bf16 ran on this path: its gradients are bf16's, not fp32's to the last digits
+    assert worst > 1e-3 and loss16 != loss32, (worst, loss16, loss32)
 
 
 def test_checkpoints_move_between_precisions_and_paths(tmp_path):
@@ -170,30 +174,39 @@ def test_checkpoints_move_between_precisions_and_paths(tmp_path):
     ("fpu sse avx2 fma", True)])  # AMD EPYC without AVX-512
 def test_bf16_units_read_from_cpuinfo(flags, emulated):
     cpuinfo = f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n"
-    assert (training.bf16_units(cpuinfo) == []) == emulated
+    assert (hardware.bf16_units(cpuinfo) == []) == emulated
     cfg = dict(config.load_config("config_small"), precision="bf16")
-    note = training.precision_note(cfg, cpuinfo=cpuinfo, gpus=[])
+    note = hardware.precision_note(cfg, cpuinfo=cpuinfo, gpus=[])
     assert (note is not None) == emulated
     if emulated:
         assert "emulates bfloat16" in note and "precision='fp32'" in note
-    assert training.precision_note(dict(cfg, precision="fp32"), cpuinfo=cpuinfo, gpus=[]) is None
-    assert training.precision_note(cfg, cpuinfo=cpuinfo, gpus=["/device:GPU:0"]) is None
+    assert hardware.precision_note(dict(cfg, precision="fp32"), cpuinfo=cpuinfo, gpus=[]) is None
+    assert hardware.precision_note(cfg, cpuinfo=cpuinfo, gpus=["/device:GPU:0"]) is None
 
 
+# init_scale 1: large enough weights that bf16's rounding moves the first step's loss (3e-5 of
+# it), where at the tiny config's 0.1 the two precisions give the same first loss
 SHORT = ["--config", os.path.join(REPO, "tests", "config_tiny.py"), "--set", "steps_per_epoch=8",
          "--set", "num_epochs=2", "--set", "max_epoch=1", "--set", "eval_steps=4",
-         "--set", "precision='bf16'", "--log_every", "4"]
+         "--set", "init_scale=1.0", "--set", "precision='bf16'", "--log_every", "1"]
+SHORT_SETS = [SHORT[i + 1] for i, flag in enumerate(SHORT) if flag == "--set"]
 
 
-def _says_bf16(stdout, run_dir):
-    """The run's start line names the precision, the emulation note comes exactly where this
-    machine's CPU lacks bf16 units, and every event logs bf16."""
+def _says_bf16(stdout, run_dir, data_path):
+    """bf16 ran: the first step's loss is the one computed here in bf16 from the run's first
+    weights and rows, not fp32's; the run's start line names the precision, the emulation note
+    comes exactly where this machine's CPU lacks bf16 units, and every event logs bf16."""
     lines = stdout.splitlines()
     assert any(line.startswith("[ptb] vocab ") and line.endswith("| precision bf16")
                for line in lines), stdout
     notes = [line for line in lines if "emulates bfloat16" in line]
-    assert len(notes) == (0 if training.bf16_units() else 1), (training.bf16_units(), notes)
+    assert len(notes) == (0 if hardware.bf16_units() else 1), (hardware.bf16_units(), notes)
     logged = [e for e in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl")))]
+    first = next(e["loss"] for e in logged if e["event"] == "progress")
+    bf16, fp32 = (first_loss(data_path, SHORT[1], SHORT_SETS, 1234, precision)
+                  for precision in ("bf16", "fp32"))
+    assert first == pytest.approx(bf16, rel=1e-6) and abs(fp32 - bf16) > 1e-5 * bf16, \
+        (first, bf16, fp32)
     assert {e["config"]["precision"] for e in logged} == {"bf16"}
     assert [e["epoch"] for e in logged if e["event"] == "epoch"] == [1, 2]
     assert math.isfinite(logged[-1]["test_ppl"])
@@ -204,7 +217,7 @@ def test_the_one_process_trainers_train_in_bf16_and_say_so(script, corpus, tmp_p
     out = str(tmp_path / "run")
     r = run_script([script, *SHORT, "--data_path", corpus, "--output_dir", out], timeout=180)
     assert r.returncode == 0, r.stderr
-    _says_bf16(r.stdout, out)
+    _says_bf16(r.stdout, out, corpus)
 
 
 def test_the_elastic_trainer_trains_in_bf16_and_says_so(corpus, tmp_path):
@@ -215,7 +228,8 @@ def test_the_elastic_trainer_trains_in_bf16_and_says_so(corpus, tmp_path):
                                                       "--output_dir", out]))
     assert returncode == 0, stdout[-3000:]
     # horovodrun prefixes each worker's lines with its rank
-    _says_bf16("\n".join(line.split("]<stdout>:", 1)[-1] for line in stdout.splitlines()), out)
+    _says_bf16("\n".join(line.split("]<stdout>:", 1)[-1] for line in stdout.splitlines()), out,
+               corpus)
     logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert {e["world_size"] for e in logged} == {2}
     # the config as the elastic trainer used it: commits every 100 steps where none was set

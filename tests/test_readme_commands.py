@@ -2,6 +2,7 @@
 run by some test: a command they show and no test runs fails here. COVERED says which test runs
 each (a bounded variant: fewer steps, the tiny config); NOT_HERE lists, by name, the commands
 that need what this machine lacks."""
+import ast
 import os
 import re
 import shlex
@@ -41,11 +42,11 @@ COVERED = {
     "python launch/tf_config.py -n 2 -- python lm_ptb_tf_distribute.py --config config_small":
         "tests/test_tf_distribute.py::test_two_workers_train_as_one_process_and_worker_0_alone_reports",
     "make reproduce CONFIG=config_medium":
-        "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
+        "tests/test_reproduce.py::test_make_reproduce_status_and_stop_as_the_readme_gives_them",
     "make reproduce-status CONFIG=config_medium":
-        "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
+        "tests/test_reproduce.py::test_make_reproduce_status_and_stop_as_the_readme_gives_them",
     "make reproduce-stop CONFIG=config_medium":
-        "tests/test_reproduce.py::test_start_stop_and_continue_with_the_same_command",
+        "tests/test_reproduce.py::test_make_reproduce_status_and_stop_as_the_readme_gives_them",
 }
 NOT_HERE = {  # command -> what it needs that this machine lacks
     "CONFIG=config_medium sbatch -N 2 --ntasks-per-node=4 --gpus-per-node=4 launch/slurm.sbatch":
@@ -65,15 +66,83 @@ def readme_commands(pages=("README.md", "docs/launching.md")):
     return commands
 
 
+def command_words(command):
+    """What a test that runs `command` must name: its program (the script, for python), the
+    files it runs, a make target or an evaluate.py action, and the settings before it
+    (TRAINER=tf.distribute: the value; PTB_DATA_PATH: the name, its value being a placeholder)."""
+    words, needed = shlex.split(command), []
+    while "=" in words[0]:
+        name, value = words.pop(0).split("=", 1)
+        needed.append(value if name == "TRAINER" else name)
+    program = words.pop(0)
+    if program == "python":
+        program = words.pop(0)
+    needed.append(program)
+    needed += [w for w in words if w.endswith((".py", ".sbatch", ".sh"))]
+    if program in ("make", "evaluate.py"):
+        needed.append(words[0])
+    return needed
+
+
+HELPER_MODULES = ("tests/helpers.py", "tests/slurm.py", "scripts/twohosts.py")  # command builders
+
+
+def test_function_source(test):
+    """The source of `path::name`'s function and of every function it calls, in turn, that is
+    defined in its file or in HELPER_MODULES (where tests build their mpirun, horovodrun and
+    sbatch commands)."""
+    path, name = test.split("::")
+    functions = {}
+    for module in (*HELPER_MODULES, path):
+        source = open(os.path.join(REPO, module)).read()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef):
+                functions[node.name] = (node, ast.get_source_segment(source, node))
+    assert name in functions, f"{test}: no such test function"
+    seen, todo, parts = set(), [name], []
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in functions:
+            continue
+        seen.add(current)
+        node, text = functions[current]
+        parts.append(text)
+        todo += [n.func.id if isinstance(n.func, ast.Name) else n.func.attr
+                 for n in ast.walk(node) if isinstance(n, ast.Call)
+                 and isinstance(n.func, (ast.Name, ast.Attribute))]
+    return "\n".join(parts)
+
+
 def test_every_readme_command_is_run_by_a_named_test():
+    """Each command is listed with a test, and that test runs it: its function names the
+    command's program, files and action (or runs README's own lines, readme_commands())."""
     commands = readme_commands()
     assert len(commands) >= 8
     missing = [c for c in commands if c not in COVERED and c not in NOT_HERE]
     assert not missing, f"README commands no test runs (add a test and list it): {missing}"
-    for test in set(COVERED.values()):
-        if test.startswith("tests/"):
-            path, name = test.split("::")
-            assert f"def {name}(" in open(os.path.join(REPO, path)).read(), test
+    unrun = []
+    for command in commands:
+        test = COVERED.get(command, "")
+        if not test.startswith("tests/"):
+            continue
+        source = test_function_source(test)
+        if "readme_commands(" in source:
+            continue
+        lacking = [w for w in command_words(command) if w not in source]
+        if lacking:
+            unrun.append(f"{test} runs no {' '.join(lacking)} of `{command}`")
+    assert not unrun, unrun
+
+
+def test_the_check_of_a_command_fails_on_a_test_that_does_not_run_it():
+    """The check above, against this file's own tests: the help test runs make, not train."""
+    source = test_function_source(
+        "tests/test_readme_commands.py::test_make_help_lists_every_target_with_what_it_does")
+    assert [w for w in command_words("make train") if w not in source] == ["train"]
+    assert command_words("TRAINER=tf.distribute sbatch launch/slurm.sbatch") == [
+        "tf.distribute", "sbatch", "launch/slurm.sbatch"]
+    assert command_words("python evaluate.py generate --run runs/x --length 3") == [
+        "evaluate.py", "generate"]
 
 
 def test_make_train_and_single_bounded(ptb_path, tmp_path):

@@ -115,7 +115,7 @@ def test_a_start_that_cannot_run_says_why_in_one_line(corpus, tmp_path):
                         "--data_path", corpus, "--runs_dir", str(tmp_path / "runs")],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and not r.stdout and time.monotonic() - started < 30, r.stdout
-    assert r.stderr.startswith("error: the run ended at once (exit 1): There are not enough "
+    assert r.stderr.startswith("error: the run ended (exit 1): There are not enough "
                                "slots available") and len(r.stderr.splitlines()) == 1, r.stderr
 
 
@@ -136,6 +136,10 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
         "make reproduce CONFIG=config_large NP=1 PRECISION=bf16 RUNS=/var/tmp/ptb-runs"
         if platform.machine() == "x86_64" else "TF_ENABLE_ONEDNN_OPTS=1 make reproduce "
         "CONFIG=config_large NP=1 PRECISION=bf16 RUNS=/var/tmp/ptb-runs")
+    # a run that trains from a clone of its own is continued from there
+    assert make_command(args, checkout="/var/tmp/ptb-runs/clone") == (
+        "cd /var/tmp/ptb-runs/clone && make reproduce CONFIG=config_large NP=1 PRECISION=bf16 "
+        "RUNS=/var/tmp/ptb-runs")
     cfg = {"num_epochs": 3, "name": "config_large"}
     epoch1 = {"event": "epoch", "epoch": 1, "valid_ppl": 249.3182, "config": cfg}
     progress = {"event": "progress", "epoch": 2, "step": 1400, "eta_s": 5400, "config": cfg}
@@ -175,26 +179,37 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
         "3 of 3 epochs, last valid ppl 249.32, test ppl 78.12: done")
 
 
-def test_make_reproduce_keeps_its_run_under_RUNS(ptb_path, tmp_path):
-    """`RUNS=... make reproduce`: the run folder goes where RUNS says (a disk that outlives the
-    checkout), and `make reproduce-status` looks there too. Only the start and an empty status
-    are run: a status that finds the run would copy its logs into the repository's results/."""
-    keep, elsewhere = tmp_path / "keep", tmp_path / "elsewhere"
+def test_make_reproduce_status_and_stop_as_the_readme_gives_them(ptb_path, tmp_path):
+    """`RUNS=... make reproduce`, then `make reproduce-status` and `make reproduce-stop` with the
+    same CONFIG: the run folder goes where RUNS says (a disk that outlives the checkout), the
+    status looks there and copies the logs to RESULTS (a clone's run reports into the work
+    tree's results/ so), and the stop ends it with its newest checkpoint kept."""
+    keep, elsewhere, results = tmp_path / "keep", tmp_path / "elsewhere", tmp_path / "results"
     env = dict(os.environ, PTB_DATA_PATH=ptb_path)
     run_dir = keep / "reproduce" / "tiny-np1"
+
+    def make(target, runs=keep):
+        return subprocess.run(["make", target, f"RUNS={runs}", f"RESULTS={results}",
+                               f"CONFIG={TINY}", "NP=1"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600)
     try:
-        r = subprocess.run(["make", "reproduce", f"RUNS={keep}", f"CONFIG={TINY}", "NP=1"],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        r = make("reproduce")
         assert r.returncode == 0 and f"log {run_dir}/train.log" in r.stdout, r.stdout + r.stderr
-        assert (run_dir / "segments.jsonl").exists()
+        assert "; its first line: [ptb] epoch 1/3 | step 100/" in r.stdout, r.stdout
         assert not os.path.exists(os.path.join(REPO, "runs", "reproduce", "tiny-np1"))
-        r = subprocess.run(["make", "reproduce-status", f"RUNS={elsewhere}", f"CONFIG={TINY}",
-                            "NP=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        r = make("reproduce-status", runs=elsewhere)
         assert r.returncode != 0 and f"in {elsewhere}/reproduce/tiny-np1 yet" in r.stdout, r.stdout
+        r = make("reproduce-status")
+        assert r.returncode == 0 and "reproduce: config_tiny, " in r.stdout, r.stdout + r.stderr
+        assert json.load(open(results / "tiny-1workers" / "run.json"))["kind"] == "running"
+        r = make("reproduce-stop")
+        assert r.returncode == 0 and "stopped by SIGTERM; the newest checkpoint" in r.stdout, \
+            r.stdout + r.stderr
     finally:  # SIGTERM: mpirun passes it on to its rank and ends after it
         if (run_dir / "pid").exists():
             pid = int((run_dir / "pid").read_text())
-            os.killpg(pid, signal.SIGTERM)
+            if alive(pid):
+                os.killpg(pid, signal.SIGTERM)
             wait_for(lambda: not alive(pid), "end of the run's mpirun", 60)
 
 
@@ -254,3 +269,29 @@ def test_a_start_beside_the_runs_folder_of_the_run_it_means_refuses_and_moves_no
     assert r.stderr.startswith(f"error: {results_dir} is the run in {earlier}, not in "), r.stderr
     assert json.load(open(results_dir / "run.json"))["kind"] == "partial"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_start_reports_the_trainers_own_line_its_refusal_or_a_finished_run(corpus, tmp_path):
+    """The start returns with the trainer's first progress line; a start the trainer refuses
+    (here a resume under another dropout) ends with the trainer's own error and exit code, not
+    with "resumed"; a start of a finished run says it is finished."""
+    def start(*more):
+        r = subprocess.run([sys.executable, "scripts/reproduce.py", "start", "--config", TINY,
+                            "--np", "1", "--data_path", corpus,
+                            "--runs_dir", str(tmp_path / "runs"),
+                            "--results_dir", str(tmp_path / "results"), "--set", "num_epochs=1",
+                            "--set", "steps_per_epoch=150", "--set", "eval_steps=2", *more],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        return r.returncode, r.stdout.strip(), r.stderr.strip()
+    run_dir = tmp_path / "runs" / "tiny-np1"
+    rc, out, err = start()
+    assert rc == 0 and "; its first line: [ptb] epoch 1/1 | step 100/150 |" in out, out + err
+    wait_for(lambda: not alive(int((run_dir / "pid").read_text())), "the end of the run")
+    rc, out, err = start("--set", "keep_prob=0.5")
+    assert rc == 1 and not out and len(err.splitlines()) == 1, out + err
+    assert err.startswith("error: the run ended (exit 2): --resume: the run was trained with other "
+                          "values of keep_prob (keep_prob 1.0 -> 0.5); "), err
+    rc, out, err = start()
+    assert rc == 0 and out.startswith("reproduce: finished config_tiny with 1 worker; its last "
+                                      f"line: [ptb] --resume: the run in {run_dir} is finished: "
+                                      "1 epoch, test ppl "), out + err

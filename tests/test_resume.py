@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,7 @@ def losses(run_dir, epoch):
 
 def test_resumed_run_draws_the_dropout_masks_of_the_uninterrupted_run(corpus, tmp_path):
     """One process; the bf16 test below does the same with 2 ranks, whose masks differ by rank
-    (training.noise_seed)."""
+    (train_steps.noise_seed)."""
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     base = [*DROPOUT, "--data_path", corpus]
     run(0, [*base, "--output_dir", whole, "--set", "num_epochs=2"])
@@ -44,11 +45,11 @@ def test_resumed_run_draws_the_dropout_masks_of_the_uninterrupted_run(corpus, tm
     assert losses(no_dropout, 1) != pytest.approx(losses(whole, 1), rel=1e-3)
 
 
-def test_bf16_resume_equals_the_uninterrupted_bf16_run_and_precision_may_change(corpus,
-                                                                                tmp_path):
+def test_bf16_resume_equals_the_uninterrupted_bf16_run_and_precision_changes_when_asked(
+        corpus, tmp_path):
     """2 ranks in bf16 with dropout: a resume replays the uninterrupted run exactly, its masks
-    included; the fp32 checkpoint of an fp32 epoch resumes in bf16 (and back), each event
-    logging the precision it ran in."""
+    included; the fp32 checkpoint of an fp32 epoch resumes in bf16 (and back) with
+    --change_config, each event logging the precision it ran in."""
     base = [*DROPOUT, "--data_path", corpus]
     bf16 = ["--set", "precision='bf16'"]
     whole, split, mixed = (str(tmp_path / name) for name in ("whole", "split", "mixed"))
@@ -59,14 +60,88 @@ def test_bf16_resume_equals_the_uninterrupted_bf16_run_and_precision_may_change(
     for epoch in (2, 3):
         assert losses(split, epoch) == pytest.approx(losses(whole, epoch), rel=1e-6)
     run(2, [*base, "--output_dir", mixed, "--set", "num_epochs=1"])
-    run(2, [*base, *bf16, "--output_dir", mixed, "--set", "num_epochs=2", "--resume"])
-    run(2, [*base, "--output_dir", mixed, "--set", "num_epochs=3", "--resume"])
+    run(2, [*base, *bf16, "--output_dir", mixed, "--set", "num_epochs=2", "--resume",
+            "--change_config"])
+    run(2, [*base, "--output_dir", mixed, "--set", "num_epochs=3", "--resume", "--change_config"])
     logged = [(e["epoch"], e["config"]["precision"]) for e in events(mixed, "epoch")]
     assert logged == [(1, "fp32"), (2, "bf16"), (3, "fp32")]
     # one model all along: each epoch's losses near the all-bf16 run's, and not equal to them
     for epoch in (1, 2, 3):
         assert losses(mixed, epoch) == pytest.approx(losses(whole, epoch), rel=2e-2)
         assert losses(mixed, epoch) != pytest.approx(losses(whole, epoch), rel=1e-6)
+
+
+def files_of(run_dir):
+    """Every file of a run folder and its bytes: what a refused resume must leave as it was."""
+    return {str(p): p.read_bytes() for p in sorted(Path(run_dir).rglob("*")) if p.is_file()}
+
+
+def test_a_resume_says_what_changed_and_refuses_another_run_in_one_line(corpus, tmp_path):
+    """make train / single / reproduce and the Slurm script all add --resume by themselves, so
+    the trainer is where a changed config is caught: num_epochs goes on with a line naming it;
+    dropout or a learning rate (another experiment under the run's name) is refused, writing
+    nothing, unless --change_config asks for it; a finished run says so and trains nothing."""
+    out = str(tmp_path / "run")
+    base = ["--config", TINY, "--data_path", corpus, "--output_dir", out, "--log_every", "5",
+            "--set", "steps_per_epoch=20", "--set", "eval_steps=2"]
+
+    def trainer(*more):
+        return run_script(["lm_ptb.py", *base, *more], timeout=180)
+    assert trainer("--set", "num_epochs=1").returncode == 0
+    before = files_of(out)
+    r = trainer("--set", "num_epochs=2", "--set", "keep_prob=0.5", "--set", "learning_rate=0.1",
+                "--resume")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == (
+        "error: --resume: the run was trained with other values of learning_rate, keep_prob "
+        "(learning_rate 1.0 -> 0.1, num_epochs 1 -> 2, keep_prob 1.0 -> 0.5); resume with the "
+        "config and --set it was trained with, or pass --change_config to go on with the new "
+        "values in this run, or choose another --output_dir for a new run")
+    assert files_of(out) == before
+    r = trainer("--set", "num_epochs=2", "--resume")  # the schedule alone goes on
+    assert r.returncode == 0, r.stderr
+    assert "[ptb] --resume: config changed since the checkpoint: num_epochs 1 -> 2\n" in r.stdout
+    r = trainer("--set", "num_epochs=3", "--set", "keep_prob=0.5", "--resume", "--change_config")
+    assert r.returncode == 0, r.stderr
+    assert ("[ptb] --resume: config changed since the checkpoint: num_epochs 2 -> 3, keep_prob "
+            "1.0 -> 0.5\n") in r.stdout
+    assert [e["config"]["keep_prob"] for e in events(out, "epoch")] == [1.0, 1.0, 0.5]
+    # the change is the run's now: its checkpoint holds it, and the same command is finished
+    before = files_of(out)
+    r = trainer("--set", "num_epochs=3", "--set", "keep_prob=0.5", "--resume")
+    assert r.returncode == 0 and "error" not in r.stderr, r.stderr
+    test_ppl = events(out, "test")[-1]["test_ppl"]
+    assert r.stdout.splitlines()[-1] == (
+        f"[ptb] --resume: the run in {out} is finished: 3 epochs, test ppl {test_ppl:.2f}; to "
+        "train it further give a larger num_epochs (--set num_epochs=N), or start a new run in "
+        "another --output_dir")
+    assert files_of(out).keys() == before.keys()
+    assert open(os.path.join(out, "metrics.jsonl"), "rb").read() == before[
+        os.path.join(out, "metrics.jsonl")]
+    r = trainer("--set", "num_epochs=2", "--set", "keep_prob=0.5", "--resume")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --resume: the run has trained 3 epochs, more than num_epochs=2; resume with "
+        "num_epochs=3 or more, or evaluate it as it is (evaluate.py perplexity)"), r.stderr
+
+
+def test_make_single_refuses_a_changed_config_as_the_trainer_does(ptb_path, tmp_path):
+    """The Makefile adds --resume by itself once the run's folder holds a run: a second `make
+    single` with other ARGS is refused by the trainer's line, and ARGS=--change_config passes."""
+    runs = tmp_path / "runs"
+    env = dict(script_env(), PTB_DATA_PATH=ptb_path)
+
+    def make(args):
+        return subprocess.run(["make", "single", f"CONFIG={TINY}", f"RUNS={runs}",
+                               "ARGS=--set num_epochs=1 --set steps_per_epoch=20 --set "
+                               f"eval_steps=2 {args}"], cwd=REPO, env=env, text=True,
+                              capture_output=True, timeout=300)
+    assert make("").returncode == 0
+    r = make("--set keep_prob=0.5")
+    assert r.returncode != 0 and "--resume" in r.stdout, r.stdout + r.stderr
+    assert "error: --resume: the run was trained with other values of keep_prob (keep_prob " \
+           "1.0 -> 0.5); " in r.stderr, r.stderr
+    r = make("--set keep_prob=0.5 --change_config")
+    assert r.returncode == 0 and "is finished: 1 epoch," in r.stdout, r.stdout + r.stderr
 
 
 def test_momentum_slots_are_the_same_on_every_rank_after_a_resume(corpus, tmp_path):
@@ -286,18 +361,22 @@ IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=60", "--set", "num_epoch
             "--log_every", "1"]
 
 
-def launch(launcher, args, hosts_dir=None):
-    """lm_ptb.py, lm_ptb_distributed.py on 2 ranks or lm_ptb_elastic.py under horovodrun's
-    elastic driver (two "hosts" of this machine, as in test_elastic.py: given one host of 2
-    slots, the job printed nothing for 200 s here), in a session of its own (killed whole)."""
+def launch(launcher, args, hosts_dir=None, env=None):
+    """lm_ptb.py, lm_ptb_distributed.py on 2 ranks, lm_ptb_tf_distribute.py on 2 workers
+    (launch/tf_config.py) or lm_ptb_elastic.py under horovodrun's elastic driver (two "hosts" of
+    this machine, as in test_elastic.py: given one host of 2 slots, the job printed nothing for
+    200 s here), in a session of its own (killed whole)."""
     if launcher == "elastic":
         list_hosts(hosts_dir / "hosts.txt", "localhost:1", "127.0.0.1:1")
-        return horovodrun(hosts_dir / "hosts.txt", args)
-    cmd = [sys.executable, "lm_ptb_distributed.py" if launcher == "2 ranks" else "lm_ptb.py", *args]
+        return horovodrun(hosts_dir / "hosts.txt", args, env=env)
+    script = {"2 ranks": "lm_ptb_distributed.py", "tf.distribute": "lm_ptb_tf_distribute.py"}
+    cmd = [sys.executable, script.get(launcher, "lm_ptb.py"), *args]
     if launcher == "2 ranks":
         cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
                "--oversubscribe", "-bind-to", "none", "-np", "2", *cmd]
-    return subprocess.Popen(cmd, cwd=REPO, env=script_env(), stdout=subprocess.PIPE,
+    if launcher == "tf.distribute":
+        cmd = [sys.executable, os.path.join("launch", "tf_config.py"), "-n", "2", "--", *cmd]
+    return subprocess.Popen(cmd, cwd=REPO, env=script_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -382,3 +461,44 @@ def test_a_new_run_saves_inside_its_first_epoch_before_its_first_log_line(launch
     assert [e["epoch"] for e in events(out, "epoch")] == [1]
     assert events(out, "epoch")[0]["valid_ppl"] == pytest.approx(
         events(whole, "epoch")[0]["valid_ppl"], rel=1e-5)
+
+
+@pytest.mark.parametrize("launcher", ["2 ranks", "tf.distribute", "elastic"])
+def test_at_a_resume_the_chief_alone_validates_the_cut_epoch_and_the_others_wait(
+        launcher, ptb_path, tmp_path):
+    """The trainers share one protocol around an epoch's validation, at its end as at a resume
+    from the checkpoint of an epoch whose validation a stop cut short: the chief validates and
+    writes the line, every other worker waits for it (allowing for it) before it trains on.
+    Each window of the model records its process and time: in the resumed run one process
+    validates, and no other starts training before that validation is over."""
+    calls = tmp_path / "calls.txt"
+    out = str(tmp_path / "run")
+    args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=2", "--set", "eval_steps=40",
+            "--set", "model='tests.slow_model:build_recorded'"]
+    env = {"PTB_TEST_CALLS": str(calls)}
+    saved = os.path.join(out, "checkpoints", "ckpt-1.index")
+    kill_when(launch(launcher, args, tmp_path, env), lambda: os.path.exists(saved))
+    # a rank in a process group of its own outlives the session's SIGKILL: the machine is gone
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pkill", "-KILL", "-f", out]).returncode == 0:
+        assert time.monotonic() < deadline, "a process of the killed run stays"
+        time.sleep(0.2)
+    assert not events(out, "epoch"), "the stop came after the epoch's validation"
+    resumed_at = time.time()
+    job = launch(launcher, [*args, "--resume"], tmp_path, env)
+    output = job.communicate(timeout=300)[0]
+    assert job.returncode == 0, output[-3000:]
+    one_line_per_epoch(out, 2)
+    records = [line.split() for line in calls.read_text().splitlines()]
+    records = [(int(pid), kind, float(t)) for pid, kind, t in records if float(t) > resumed_at]
+    validating = {pid for pid, kind, _ in records if kind == "eval"}
+    assert len(validating) == 1, records
+    [chief] = validating
+    first_step = min(t for pid, kind, t in records if pid == chief and kind == "train")
+    replayed = [t for pid, kind, t in records if pid == chief and kind == "eval" and t < first_step]
+    assert len(replayed) == 40  # the cut epoch's validation, before the chief trains on
+    others = {pid for pid, _, _ in records} - {chief}
+    assert others, "no other worker trained"
+    for pid in others:
+        assert min(t for p, kind, t in records if p == pid) > max(replayed), pid

@@ -6,6 +6,7 @@ check's one line."""
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -176,11 +177,15 @@ def test_the_kept_wheels_key_changes_with_what_the_build_depends_on(tmp_path):
     gxx.write_text("#!/bin/sh\necho 'g++ (Other) 99.1'\n")
     gxx.chmod(0o755)
     assert build_key(CXX=str(gxx)) != key
-    # the venv's packages go in as pip freeze lists them, TensorFlow's exact version among them
+    # the venv's packages go in as pip freeze lists them, TensorFlow's exact version among them:
+    # requirements.txt's tensorflow-cpu, or on a GPU host (GPU=1) tensorflow of that version
     freeze = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), "-m", "pip",
                              "freeze", "--all", "--exclude", "horovod", "--exclude", "pip"],
                             capture_output=True, text=True, check=True).stdout
-    assert "tensorflow-cpu==2.21.0" in freeze.lower().replace("_", "-").splitlines(), freeze
+    version = re.search(r"^tensorflow-cpu==(\S+)", open(os.path.join(REPO, "requirements.txt"))
+                        .read(), re.M).group(1)
+    installed = freeze.lower().replace("_", "-").splitlines()
+    assert {f"tensorflow-cpu=={version}", f"tensorflow=={version}"} & set(installed), freeze
 
 
 def test_horovod_is_built_optimized_without_debug_information():

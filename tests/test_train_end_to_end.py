@@ -79,8 +79,8 @@ def test_keras_3_is_refused_in_one_line_when_horovod_came_before_utils():
     """A script of the user's that imports Horovod (which imports TensorFlow and its Keras)
     before utils gets Keras 3, whose optimizer Horovod 0.28.1 cannot average through."""
     code = ("import horovod.tensorflow\n"
-            "from utils import config, training\n"
-            "training.make_optimizer(config.load_config('config_small'))\n")
+            "from utils import config, optimizers\n"
+            "optimizers.make_optimizer(config.load_config('config_small'))\n")
     r = run_script(["-c", code], timeout=120)
     assert r.returncode == 1
     assert "TrainingError: tf.keras is Keras 3: TensorFlow was imported before utils" in r.stderr

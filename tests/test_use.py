@@ -12,7 +12,10 @@ import tensorflow as tf
 
 import evaluate
 from data import ptb
-from tests.helpers import REPO, TINY, mpirun, patterned_sentences, script_env, write_corpus
+from tests.helpers import (REPO, TINY, edit_checkpoint_config, mpirun, patterned_sentences,
+                           script_env, write_corpus)
+
+NEWEST = "checkpoint ckpt-2, the end of epoch 2"  # what evaluate.py names for the trained run
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +47,23 @@ def test_perplexity_in_a_process_where_horovod_cannot_be_imported(trained):
     test_windows = len(ptb.windows(ptb.load_corpus(data).test, 1, 20)[0])
     assert r.stdout.strip() == (f"test ppl {reported['test_ppl']:.2f} | {test_windows * 20} "
                                 "tokens scored in windows of 1 x 20 (the whole test set) | "
-                                "precision fp32")
+                                f"{NEWEST} | precision fp32 (the run's)")
+
+
+def trained_model(run, vocab_size):
+    checkpoint = evaluate.Checkpoint(run)
+    return evaluate.load_model(run, checkpoint, checkpoint.cfg, vocab_size)
 
 
 def evaluate_copy(trained, tmp_path, edit_config=None, data=None, extra=()):
-    """evaluate.py perplexity on a copy of the trained run, its logged config edited."""
+    """evaluate.py perplexity on a copy of the trained run, the config saved in its newest
+    checkpoint edited."""
     import shutil
     data_path, run = trained
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    lines = open(copy / "metrics.jsonl").read().splitlines()
-    first = json.loads(lines[0])
     if edit_config:
-        first["config"].update(edit_config)
-    (copy / "metrics.jsonl").write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+        edit_checkpoint_config(str(copy / "checkpoints" / "ckpt-2"), edit_config)
     return subprocess.run([sys.executable, "evaluate.py", "perplexity", "--run", str(copy),
                            "--data_path", data or data_path, *extra], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
@@ -71,8 +77,9 @@ def test_perplexity_scores_the_whole_test_set_whatever_the_run_used(trained, tmp
     assert r.stdout.startswith(f"test ppl {reported['test_ppl']:.2f} | ")
     assert "(the whole test set)" in r.stdout
     r = evaluate_copy(trained, tmp_path / "few", extra=["--eval_steps", "3"])
-    assert r.returncode == 0 and r.stdout.strip().endswith("| 60 tokens scored in windows of "
-                                                           "1 x 20 | precision fp32"), r.stdout
+    assert r.returncode == 0 and r.stdout.strip().endswith(
+        f"| 60 tokens scored in windows of 1 x 20 | {NEWEST} | precision fp32 (the run's)"), \
+        r.stdout
     # the valid set in the training layout: what the trainer logged for the last epoch
     last_valid = [e for e in map(json.loads, open(os.path.join(run, "metrics.jsonl")))
                   if e["event"] == "epoch"][-1]["valid_ppl"]
@@ -83,8 +90,8 @@ def test_perplexity_scores_the_whole_test_set_whatever_the_run_used(trained, tmp
 
 def test_perplexity_says_its_precision_and_runs_either_on_the_same_checkpoint(trained,
                                                                                tmp_path):
-    """The fp32 run's checkpoint scored in bf16 (--precision), and a run logged as bf16 scored
-    in bf16 by default: each says so; bf16 moves the perplexity by well under 1 %."""
+    """The fp32 run's checkpoint scored in bf16 (--precision), and a checkpoint of bf16 training
+    scored in bf16 by default: each says so; bf16 moves the perplexity by well under 1 %."""
     data, run = trained
     reported = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))][-1]
     results = {}
@@ -94,17 +101,20 @@ def test_perplexity_says_its_precision_and_runs_either_on_the_same_checkpoint(tr
         r = evaluate_copy(trained, tmp_path / name, edit, extra=extra)
         assert r.returncode == 0, r.stderr
         results[name] = r.stdout.strip()
+    assert results["flag"].endswith(f"| {NEWEST} | precision bf16 (--precision; the run "
+                                    "trained in fp32)"), results["flag"]
+    assert results["logged"].endswith(f"| {NEWEST} | precision bf16 (the run's)")
     for name in ("flag", "logged"):
-        assert results[name].endswith("| precision bf16"), results[name]
         assert float(results[name].split()[2]) == pytest.approx(reported["test_ppl"], rel=1e-2)
     assert results["back"].startswith(f"test ppl {reported['test_ppl']:.2f} | ")
-    assert results["back"].endswith("| precision fp32")
+    assert results["back"].endswith("| precision fp32 (--precision; the run trained in bf16)")
     # the same checkpoint in the two precisions, in this process: bf16 really ran
     corpus = ptb.load_corpus(data)
     scores = {}
+    checkpoint = evaluate.Checkpoint(run)
     for precision in ("fp32", "bf16"):
-        cfg = dict(evaluate.run_config(run), precision=precision)
-        model = evaluate.load_model(run, cfg, len(corpus.vocab))
+        cfg = dict(checkpoint.cfg, precision=precision)
+        model = evaluate.load_model(run, checkpoint, cfg, len(corpus.vocab))
         scores[precision] = evaluate.perplexity(model, corpus.test, 1, 20)[0]
     assert scores["fp32"] == pytest.approx(reported["test_ppl"], rel=1e-5)
     assert scores["bf16"] != scores["fp32"]
@@ -186,7 +196,7 @@ def test_without_data_path_perplexity_finds_the_corpus_and_says_where_it_looked(
 def test_generation_is_reproducible_and_handles_unknown_words(trained):
     data, run = trained
     corpus = ptb.load_corpus(data)
-    model = evaluate.load_model(run, evaluate.run_config(run), len(corpus.vocab))
+    model = trained_model(run, len(corpus.vocab))
     first = evaluate.generate(model, corpus.vocab, "the cat", 25, 1.0, seed=1)
     assert first == evaluate.generate(model, corpus.vocab, "the cat", 25, 1.0, seed=1)
     assert first != evaluate.generate(model, corpus.vocab, "the cat", 25, 1.0, seed=2)
@@ -231,7 +241,7 @@ def test_saved_model_runs_with_plain_tensorflow_and_no_repo(trained, tmp_path):
     loaded = json.loads(r.stdout.strip().splitlines()[-1])
     corpus = ptb.load_corpus(data)
     assert loaded["vocab"] == sorted(corpus.vocab, key=corpus.vocab.get)
-    model = evaluate.load_model(run, evaluate.run_config(run), len(corpus.vocab))
+    model = trained_model(run, len(corpus.vocab))
     ids = tf.constant([[corpus.vocab[w] for w in ("the", "cat", "sees")]])
     logits, _ = model(ids, model.zero_state(1))
     expected = tf.nn.softmax(logits[0, -1]).numpy()

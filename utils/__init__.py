@@ -7,7 +7,6 @@ import importlib.util
 import os
 import platform
 import sys
-import tempfile
 
 # TensorFlow >= 2.16 makes tf.keras Keras 3. Horovod 0.28.1's DistributedOptimizer averages the
 # gradients inside a Keras 2 optimizer's minimize() (its _compute_gradients), a hook Keras 3's
@@ -35,27 +34,45 @@ STARTUP_NOTES = ("WARNING: All log messages before absl::InitializeLog() is call
                  "to STDERR", "oneDNN custom operations are on")
 
 
+# The filter TensorFlow's first import writes its stderr through: a process of its own, so that
+# what came before a native abort (or a hang) of the import still reaches the terminal, line by
+# line, at once; it ends when its input does (the import returned, or the process died).
+_STDERR_FILTER = """import sys
+notes = [note.encode() for note in sys.argv[1:]]
+for line in sys.stdin.buffer:
+    if not any(note in line for note in notes):
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+"""
+
+
 def import_tensorflow():
     """TensorFlow. Its first import runs with the process's stderr (fd 2, where the C++ logs go)
-    held in a file, then passes on every line of it but STARTUP_NOTES, also when it fails; unless
-    TF_CPP_MIN_LOG_LEVEL asks for every note."""
+    passed through a filter process that drops STARTUP_NOTES and passes on every other line as
+    it comes, also when the import aborts or hangs; unless TF_CPP_MIN_LOG_LEVEL asks for every
+    note."""
     if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("", "0"):
         import tensorflow
         return tensorflow
+    import subprocess
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            import tensorflow
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            for line in held:
-                if not any(note.encode() in line for note in STARTUP_NOTES):
-                    os.write(2, line)
+    try:
+        notes = subprocess.Popen([sys.executable, "-S", "-c", _STDERR_FILTER, *STARTUP_NOTES],
+                                 stdin=subprocess.PIPE, stdout=saved, stderr=saved)
+    except OSError:  # no process to spare: the notes go through as they are
+        os.close(saved)
+        import tensorflow
+        return tensorflow
+    os.dup2(notes.stdin.fileno(), 2)
+    try:
+        import tensorflow
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        notes.stdin.close()
+        notes.wait()
     return tensorflow
 
 

@@ -1,37 +1,41 @@
 """Checkpoints at epoch ends and, with checkpoint_every, inside epochs; and resume.
 
 A checkpoint holds the model, the optimizer with its step counter (which also seeds the dropout
-masks), the epochs done and, for one saved inside an epoch, the position in it: steps done, the
-epoch's summed training loss so far and the LSTM state of every row of the global batch.
+masks), the epochs done, the config it was trained with and, for one saved inside an epoch, the
+position in it: steps done, the epoch's summed training loss so far and the LSTM state of every
+row of the global batch.
 """
 import glob
+import json
 import os
 import shutil
 import sys
 from typing import NamedTuple
 
 from data import ptb
-from utils import import_tensorflow
-from utils.cli import signals_deferred
-from utils.training import create_slots
-from utils.config import ConfigError
-from utils.logs import (IN_EPOCH, PREFIX, RUN, OutputError, first_line, newest_checkpoint,
-                        os_reason)
+from utils import config, import_tensorflow
+from utils.errors import ConfigError, OutputError
+from utils.logs import IN_EPOCH, PREFIX, RUN, first_line, newest_checkpoint, os_reason, parse_line
+from utils.optimizers import create_slots
+from utils.signals import signals_deferred
 
 tf = import_tensorflow()
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
 DATA_PATH_FILE = "data_path.txt"  # the corpus folder it last trained on, for evaluate.py
+RUN_CONFIG_KEY = "run_config/.ATTRIBUTES/VARIABLE_VALUE"  # the config, as JSON, in a checkpoint
 
 
 class Position(NamedTuple):
     """Where a run resumes: after `epochs_done` epochs and `step` steps of the next one, with
     that epoch's summed training loss so far and the LSTM state of the global batch (a list of
-    [batch_size, ...] arrays, tf.nest.flatten order; None at an epoch start)."""
+    [batch_size, ...] arrays, tf.nest.flatten order; None at an epoch start). `finished`: the
+    run has trained and tested all its epochs; nothing is left to do."""
     epochs_done: int
     step: int = 0
     loss_sum: float = 0.0
     state: list = None
+    finished: bool = False
 
     def rows_of(self, rank, size):
         """This position for worker `rank` of `size`: its rows [rank*B/size, (rank+1)*B/size)
@@ -52,20 +56,24 @@ class _InEpoch(tf.Module):
 
 
 class Checkpoints:
-    def __init__(self, output_dir, model, optimizer, corpus, state_template, keep=3):
-        """corpus: a ptb.Corpus (its vocabulary and folder are kept with the run);
-        state_template: the model's zero state for the global batch (its shapes)."""
+    def __init__(self, output_dir, model, optimizer, corpus, cfg, keep=3):
+        """corpus: a ptb.Corpus (its vocabulary and folder are kept with the run); cfg: the
+        resolved config, saved in every checkpoint and checked at a resume."""
         self.output_dir = output_dir
+        self.cfg = cfg
         create_slots(optimizer, model.trainable_variables)  # restored, then broadcast, with it
         self.vocab = corpus.vocab
         self.data_path = corpus.path
         self.vocab_path = os.path.join(output_dir, VOCAB_FILE)
         self.optimizer = optimizer
         self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.in_epoch = _InEpoch(state_template)
+        self.in_epoch = _InEpoch(model.zero_state(cfg["batch_size"]))  # the global batch's
+        # never restored, always this run's: a resume reads the saved one (saved_config)
+        self.run_config = tf.Variable(json.dumps(cfg, sort_keys=True), dtype=tf.string,
+                                      trainable=False)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                               epochs_done=self.epochs_done,
-                                              in_epoch=self.in_epoch)
+                                              in_epoch=self.in_epoch, run_config=self.run_config)
         # Restored apart, so that a checkpoint written before checkpoint_every existed (without
         # in_epoch) still loads, and must match in everything else.
         self._core = tf.train.Checkpoint(model=model, optimizer=optimizer,
@@ -86,11 +94,13 @@ class Checkpoints:
         self.in_epoch_manager = tf.train.CheckpointManager(
             self.checkpoint, os.path.join(self.folder, IN_EPOCH), max_to_keep=2)
 
-    def start(self, resume):
+    def start(self, resume, change_config=False):
         """Epochs already done: restored with --resume, which starts afresh where no checkpoint
         was saved yet (a run stopped in its first epoch, or never started), so that the same
         command continues a run whatever point it stopped at; without --resume, 0, refusing to
-        mix with a past run. Says in one line which it did."""
+        mix with a past run. Says in one line which it did. A resume under another config than
+        the checkpoint's says what changed, and refuses what would make it another run unless
+        change_config (config.check_resume); a finished run says so and trains nothing."""
         if resume:
             if os.path.exists(self.vocab_path) and ptb.read_vocab(self.vocab_path) != self.vocab:
                 raise ConfigError(f"--resume: the vocabulary of --data_path differs from the "
@@ -103,7 +113,14 @@ class Checkpoints:
                 self._record_data_path()
                 return Position(0)
             position = self.restore_latest()
+            changed = config.check_resume(self.saved_config(self.restored), self.cfg,
+                                          change_config)
+            position = self._check_schedule(position)
             self._record_data_path()  # the folder it trains on now, if the corpus moved
+            if changed:
+                print(f"{PREFIX} {changed}", flush=True)
+            if position.finished:
+                return position
             where = f"epoch {position.epochs_done + 1} step {position.step}" if position.step \
                 else f"the end of epoch {position.epochs_done}"
             print(f"{PREFIX} --resume: continuing from {self.restored} ({where})", flush=True)
@@ -119,6 +136,42 @@ class Checkpoints:
         os.makedirs(self.output_dir, exist_ok=True)
         self._record_data_path()
         return Position(0)
+
+    def saved_config(self, path):
+        """The config the checkpoint at `path` was trained with: its own, or for one saved before
+        checkpoints held it, the newest of the run's metrics.jsonl ({} if neither is there)."""
+        try:
+            return json.loads(tf.train.load_checkpoint(path).get_tensor(RUN_CONFIG_KEY))
+        except (tf.errors.OpError, ValueError):
+            pass
+        logged = [e for e in self._events() if "config" in e]
+        return {k: v for k, v in logged[-1]["config"].items() if k != "name"} if logged else {}
+
+    def _events(self):
+        try:
+            with open(os.path.join(self.output_dir, "metrics.jsonl")) as f:
+                return [e for e in map(parse_line, f) if e]
+        except OSError:
+            return []
+
+    def _check_schedule(self, position):
+        """A resume's num_epochs against the epochs done: fewer is refused, as many is the end
+        (finished if the test was logged, else only the test is left)."""
+        done, wanted = position.epochs_done, self.cfg["num_epochs"]
+        if done > wanted or done == wanted and position.step:
+            raise ConfigError(f"--resume: the run has trained {done} epochs"
+                              f"{f' and {position.step} steps' if position.step else ''}, more "
+                              f"than num_epochs={wanted}; resume with num_epochs="
+                              f"{done + bool(position.step)} or more, or evaluate it as it is "
+                              "(evaluate.py perplexity)")
+        tests = [e for e in self._events() if e.get("event") == "test"]
+        if done == wanted and tests:
+            print(f"{PREFIX} --resume: the run in {self.output_dir} is finished: {done} epoch{'s' * (done != 1)}, "
+                  f"test ppl {tests[-1]['test_ppl']:.2f}; to train it further give a larger "
+                  "num_epochs (--set num_epochs=N), or start a new run in another --output_dir",
+                  flush=True)
+            return position._replace(finished=True)
+        return position
 
     def _record_data_path(self):
         try:

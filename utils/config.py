@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+from utils.errors import ConfigError
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA_PATH = os.environ.get("PTB_DATA_PATH", os.path.join(REPO, "data", "ptb"))
 
@@ -65,10 +67,10 @@ POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_s
             "param_sync_steps", "backward_passes_per_step", "step_timeout_s",
             "checkpoint_every"}
 CHOICES = {"reduce_type": ("grad", "param"), "precision": ("fp32", "bf16")}
-
-
-class ConfigError(Exception):
-    """Bad flags or config; the message says what is wrong and how to fix it."""
+# The keys a resume may change and still be the same run: how long its schedule is, and how it
+# is saved and watched. Any other change (dropout, learning rate, precision...) makes the rest
+# of the run another experiment under the same name, so a resume refuses it unless asked.
+RESUME_MAY_CHANGE = {"num_epochs", "checkpoint_every", "step_timeout_s", "timeline"}
 
 
 def parse_args(argv=None, description=None):
@@ -88,6 +90,9 @@ def parse_args(argv=None, description=None):
                    help="override a config key with a Python literal; repeatable")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --output_dir")
+    p.add_argument("--change_config", action="store_true",
+                   help="with --resume: let the run go on under config values other than those "
+                        "it was trained with (a resume refuses them otherwise)")
     p.add_argument("--threads", type=int, default=0,
                    help="TensorFlow threads per process (default: all cores, shared among "
                         "the workers of a host)")
@@ -122,7 +127,19 @@ def load_config(name_or_path, overrides=()):
     for item in overrides:
         key, value = _parse_override(item)
         cfg[key] = value
+    check_together(cfg)
     return cfg
+
+
+def check_together(cfg):
+    """Values that are valid alone but not together."""
+    if cfg["reduce_type"] == "param" and cfg["checkpoint_every"]:
+        raise ConfigError(
+            f"reduce_type='param' cannot save inside an epoch (checkpoint_every="
+            f"{cfg['checkpoint_every']}; lm_ptb_elastic.py's commits are such saves): between two "
+            "averagings the ranks' weights differ and their optimizer slots are never averaged, "
+            "so a resume would not continue the run; drop checkpoint_every (epoch ends are "
+            "saved after the averaging), or train with reduce_type='grad'")
 
 
 def _import_config(name_or_path):
@@ -199,3 +216,28 @@ def _check_value(key, value, where):
 def config_hash(cfg):
     """Stable digest of the resolved config, to check that all ranks agree."""
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def changes(before, now):
+    """[(key, value before, value now)] of the keys whose values differ (the config's name
+    aside), in SCHEMA order; a key one of them lacks counts at its default."""
+    keys = [k for k in SCHEMA if k in before or k in now]
+    old, new = {**DEFAULTS, **before}, {**DEFAULTS, **now}
+    return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+
+
+def check_resume(before, now, allow_any):
+    """The line a resume prints about the config changed since the run's checkpoint (None if
+    nothing changed); raises ConfigError for changes other than RESUME_MAY_CHANGE's unless
+    allow_any (--change_config)."""
+    changed = changes(before, now)
+    if not changed:
+        return None
+    text = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changed)
+    refused = [k for k, _, _ in changed if k not in RESUME_MAY_CHANGE]
+    if refused and not allow_any:
+        raise ConfigError(f"--resume: the run was trained with other values of {', '.join(refused)}"
+                          f" ({text}); resume with the config and --set it was trained with, or "
+                          "pass --change_config to go on with the new values in this run, or "
+                          "choose another --output_dir for a new run")
+    return f"--resume: config changed since the checkpoint: {text}"

@@ -6,15 +6,11 @@ import resource
 import statistics
 import time
 
-from utils.config import ConfigError
+from utils import schedule
+from utils.errors import ConfigError, OutputError
 
 PREFIX = "[ptb]"
 IN_EPOCH = "steps"  # subfolder of the checkpoints saved inside an epoch
-
-
-class OutputError(Exception):
-    """Writing the run's output failed (a full disk, say); the message names the file, the OS
-    error, what is kept and what to do."""
 
 
 def first_line(error, limit=200):
@@ -285,9 +281,13 @@ class RunLog:
             + [f"again from epoch {change['epoch']} step {change['step']}"]),
             event="reset", **change)
 
-    def test(self, epoch, step, lr, stats, test_ppl):
-        self._write(f"test ppl {test_ppl:.2f} | after {epoch + 1} epoch{'s' if epoch else ''}",
-                    event="test", epoch=epoch + 1, step=step, lr=lr,
+    def test(self, step, stats, test_ppl):
+        """The test perplexity after the last epoch; stats: that epoch's (None when the run
+        resumed after it, for the test alone)."""
+        epochs = self.num_epochs
+        lr = schedule.learning_rate(self.config, epochs - 1, self.world_size)
+        self._write(f"test ppl {test_ppl:.2f} | after {epochs} epoch{'s' if epochs > 1 else ''}",
+                    event="test", epoch=epochs, step=step, lr=lr,
                     train_ppl=stats and stats["train_ppl"], wps=stats and stats["wps"],
                     test_ppl=test_ppl)
         self._scalars(step, {"test/perplexity": test_ppl})

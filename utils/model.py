@@ -185,7 +185,7 @@ class PTBModel(tf.keras.Model):
 
         noise_seed: a [2] int64 seed for the dropout masks, needed in training with dropout.
         The masks are a function of it alone (stateless random ops), so a run resumed from a
-        checkpoint draws the masks the uninterrupted run drew (see training.noise_seed).
+        checkpoint draws the masks the uninterrupted run drew (see train_steps.noise_seed).
         """
         x = self._dropout(self.embedding(inputs), training, noise_seed, 0)
         new_state = []
@@ -216,7 +216,7 @@ class PTBModel(tf.keras.Model):
             return x
         if noise_seed is None:
             raise ValueError("PTBModel: training with dropout needs noise_seed (a [2] int64 "
-                             "seed, e.g. training.noise_seed(seed, rank, step))")
+                             "seed, e.g. train_steps.noise_seed(seed, rank, step))")
         seed = tf.random.experimental.stateless_fold_in(noise_seed, layer)
         return tf.nn.experimental.stateless_dropout(x, self.dropout_rate, seed)
 

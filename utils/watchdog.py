@@ -91,6 +91,15 @@ def chief_work_allowance(step_s, train_window, eval_windows):
     return 2.0 * windows * step_s * max(1.0, tokens_ratio)
 
 
+def chief_wait_s(stats, train_window, eval_windows):
+    """chief_work_allowance for the epoch of `stats` (train_epoch's, or RunLog.resume's for an
+    epoch rank 0 validates at a resume); 0 without stats (nothing to evaluate)."""
+    if not stats:
+        return 0.0
+    step_s = stats["epoch_time_s"] / (stats.get("steps_run") or stats["steps"])
+    return chief_work_allowance(step_s, train_window, eval_windows)
+
+
 # The guard's child: unless its stdin ends (the call returned, or this process is gone) within
 # the time, it prints the line and kills the process, whose own threads cannot run meanwhile.
 _GUARD = """import os, select, signal, sys

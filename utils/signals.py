@@ -1,0 +1,59 @@
+"""Clean stops: SIGINT and SIGTERM become an exception raised at a safe point of the main thread,
+never inside a checkpoint's write or TensorFlow's own Python code."""
+import contextlib
+import signal
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; raised in the main thread at a safe point."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_defer = {"active": False, "pending": None}
+_reports = {"stops": True}  # False on the ranks other than 0: one line per job, not per rank
+_received = {"signum": None}  # the stop signal that arrived, if any
+
+
+def report_stops(yes):
+    """Whether this process prints the line of a stop by signal (rank 0 alone, as every line)."""
+    _reports["stops"] = yes
+
+
+def reports_stops():
+    return _reports["stops"]
+
+
+def received():
+    """The stop signal that arrived (its number), None if none did."""
+    return _received["signum"]
+
+
+def _on_signal(signum, frame):
+    _received["signum"] = signum
+    if _defer["active"]:
+        _defer["pending"] = signum
+    else:
+        raise Interrupted(signum)
+
+
+def install():
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT/SIGTERM until the block ends: a checkpoint is never half written by us, and a
+    training step is never cut inside TensorFlow's Python code, which would turn the stop into
+    an error of its own (and a traceback)."""
+    _defer["active"] = True
+    try:
+        yield
+    finally:
+        _defer["active"] = False
+        pending, _defer["pending"] = _defer["pending"], None
+        if pending is not None:
+            raise Interrupted(pending)
