@@ -87,7 +87,7 @@ def command_words(command):
 HELPER_MODULES = ("tests/helpers.py", "tests/slurm.py", "scripts/twohosts.py")  # command builders
 
 
-def test_function_source(test):
+def source_of_test(test):
     """The source of `path::name`'s function and of every function it calls, in turn, that is
     defined in its file or in HELPER_MODULES (where tests build their mpirun, horovodrun and
     sbatch commands)."""
@@ -125,7 +125,7 @@ def test_every_readme_command_is_run_by_a_named_test():
         test = COVERED.get(command, "")
         if not test.startswith("tests/"):
             continue
-        source = test_function_source(test)
+        source = source_of_test(test)
         if "readme_commands(" in source:
             continue
         lacking = [w for w in command_words(command) if w not in source]
@@ -136,7 +136,7 @@ def test_every_readme_command_is_run_by_a_named_test():
 
 def test_the_check_of_a_command_fails_on_a_test_that_does_not_run_it():
     """The check above, against this file's own tests: the help test runs make, not train."""
-    source = test_function_source(
+    source = source_of_test(
         "tests/test_readme_commands.py::test_make_help_lists_every_target_with_what_it_does")
     assert [w for w in command_words("make train") if w not in source] == ["train"]
     assert command_words("TRAINER=tf.distribute sbatch launch/slurm.sbatch") == [

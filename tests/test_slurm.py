@@ -80,6 +80,20 @@ def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(clust
     assert [(e["epoch"], e["world_size"]) for e in epochs] == [(1, 2), (2, 2), (3, 2)]
     assert events(out, "test")[-1]["world_size"] == 2
 
+    # the script adds --resume to a folder that holds a run, so another dropout for the same
+    # folder is refused in one line, as by `make train`; the same job again is told it is done
+    refused_log, done_log = str(tmp_path / "refused.out"), str(tmp_path / "done.out")
+    job = submit(cluster, ptb_path, out, refused_log, {}, "--set", "num_epochs=3",
+                 "--set", "steps_per_epoch=600", "--set", "eval_steps=10", "--set", "keep_prob=0.5")
+    assert cluster.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=240) == "FAILED"
+    assert "error: --resume: the run was trained with other values of keep_prob (keep_prob " \
+        "1.0 -> 0.5); " in open(refused_log).read(), open(refused_log).read()
+    job = submit(cluster, ptb_path, out, done_log, {}, "--set", "num_epochs=3",
+                 "--set", "steps_per_epoch=600", "--set", "eval_steps=10")
+    assert cluster.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=240) == "COMPLETED"
+    assert f"--resume: the run in {out} is finished: 3 epochs" in open(done_log).read()
+    assert events(out, "epoch") == epochs
+
 
 def test_sbatch_with_tf_distribute_trains_with_2_tasks(cluster, ptb_path, tmp_path):
     """TRAINER=tf.distribute: each srun task gets its TF_CONFIG from launch/tf_config.py
