@@ -67,6 +67,8 @@ def parse_args(argv):
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
+    p.add_argument("--wait_s", type=float, default=FIRST_LINE_WAIT_S,
+                   help="start: how long to wait for the trainer's first progress line")
     p.add_argument("--change_config", action="store_true",
                    help="passed to the trainer at this start: resume under a changed config")
     p.add_argument("--runs_dir", default=DEFAULT_RUNS_DIR)
@@ -157,7 +159,7 @@ def start(args):
                                stdin=subprocess.DEVNULL, start_new_session=True)
     with open(os.path.join(run_dir, "pid"), "w") as f:
         f.write(str(job.pid))
-    code, line = first_report(job, log_path, offset, FIRST_LINE_WAIT_S)
+    code, line = first_report(job, log_path, offset, args.wait_s)
     if code:
         print(f"error: the run ended (exit {code}): {line}; fix that and run the same command "
               f"again (the whole output: {shown(run_dir)}/train.log)", file=sys.stderr)
@@ -188,7 +190,7 @@ def first_report(job, log_path, offset, wait_s):
             said = [line for line in lines if line.startswith("[ptb]")]
             return (code, first_reason(lines)) if code else (0, said[-1] if said else "no line")
         if time.monotonic() > deadline:
-            return 0, f"none yet after {wait_s} s (`make reproduce-status` follows it)"
+            return 0, f"none yet after {wait_s:g} s (`make reproduce-status` follows it)"
         time.sleep(0.5)
 
 

@@ -143,4 +143,4 @@ def test_the_short_schedule_one_fault_of_each_kind_passes_every_check(ptb_path, 
     report = run_chaos(ptb_path, tmp_path, "--each", "1", timeout=1500)
     # each kind (one that came out as another, a kill_in_reset as a kill, is tried again)
     assert {f["kind"] for f in report["faults"]} == set(chaos.KINDS)
-    assert all(report["checks"].values()) and len(report["checks"]) == 8
+    assert all(report["checks"].values()) and len(report["checks"]) == 9
