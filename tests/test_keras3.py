@@ -5,20 +5,22 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+
 from tests.helpers import IS_ROOT, REPO, script_env
 
 
-def probe_on_two_ranks(script):
+def probe_on_two_ranks(script, ranks=2, env=None):
     cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
-           "-bind-to", "none", "-np", "2", sys.executable, script]
+           "-bind-to", "none", "-np", str(ranks), sys.executable, script]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env=script_env())
+                       env=script_env(env))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     return {line["rank"]: line for line in lines}
 
 
-def test_the_tape_and_the_broadcast_take_keras3_variables_on_two_ranks():
+def test_the_tape_the_broadcast_the_optimizer_and_the_elastic_state_on_two_ranks():
     """Patch 10. Rank r's gradient of each weight is r + 1: the shared weight's comes back as the
     mean, 1.5 on both ranks; a registered local source keeps its own, scaled by 1/size as
     Horovod does unless scale_local_gradients=False. Weights that start at 1 and 11 are rank 0's
@@ -30,3 +32,30 @@ def test_the_tape_and_the_broadcast_take_keras3_variables_on_two_ranks():
         assert out["tape"] == [1.5, (rank + 1) / 2], out
         assert out["tape_unscaled"] == [1.5, rank + 1], out
         assert out["broadcast"] == [1.0, True] and out["broadcast_inplace"] == [1.0, True], out
+        # patch 11: averaged, then clipped by the optimizer itself (not each rank's alone), by
+        # both wrappers and with fp16 compression; the class keeps the optimizer's name
+        for wrapper in ("optimizer", "keras_optimizer", "fp16"):
+            assert out[wrapper] == [0.94, 0.92, "SGD", 1], (wrapper, out)
+        assert out["accumulated"] == [1.0, 0.7, 2], out  # backward_passes_per_step=2
+        assert out["function"] == 0.7, out  # inside tf.function
+        # patch 12: hvd.elastic's state syncs rank 0's weights and epoch, restores its save
+        assert out["elastic"] == [1.0, 0, 1.0], out
+
+
+def test_model_fit_on_two_ranks_with_the_callbacks_is_one_process_on_the_whole_batch():
+    """Patches 10-13 in Keras 3's own model.fit: the wrapped optimizer and the broadcast, metric
+    and learning-rate callbacks. Two ranks on half of each batch end with the weights and losses
+    of one process on all of it; the learning rate halves each epoch as scheduled; ranks that
+    start from other weights end equal, the broadcast having evened them."""
+    one = probe_on_two_ranks("tests/keras3_fit.py", ranks=1)[0]
+    two = probe_on_two_ranks("tests/keras3_fit.py")
+    for out in two.values():
+        np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-5)
+        np.testing.assert_allclose(out["loss"], one["loss"], rtol=1e-5)
+        assert out["lr"] == one["lr"] == [float(np.float32(lr)) for lr in (0.1, 0.05, 0.025)]
+    assert one["loss"][-1] < one["loss"][0] / 5  # it trained
+    apart = probe_on_two_ranks("tests/keras3_fit.py", env={"SEED_BY_RANK": "1"})
+    assert apart[0]["weights"] == apart[1]["weights"]
+    # the broadcast comes after the first batch (Horovod's way), whose update still used rank
+    # 1's own start: the ranks end equal, not equal to the evenly started run
+    assert apart[0]["weights"] != two[0]["weights"]
