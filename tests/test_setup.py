@@ -290,3 +290,16 @@ def test_the_horovod_build_holds_back_its_two_packaging_warnings_and_no_other(tm
     held = build(filtered=True)
     assert "tests_require" not in held and "License classifiers" not in held, held
     assert "another warning of the build" in held, held
+
+
+def test_each_patch_opens_with_what_breaks_where_and_the_upstream_reference():
+    """A patch to Horovod's source says, before its diff, what breaks (or slows: patch 09), where,
+    and the upstream issue or pull request, so that it can be dropped when upstream has the
+    fix."""
+    paths = sorted(glob.glob(os.path.join(REPO, "scripts", "patches", "*", "*.patch")))
+    assert len(paths) >= 13
+    for path in paths:
+        text = open(path).read()
+        header = text[:text.index("\n--- a/")]
+        assert header.startswith(("Breaks: ", "Slows: ")) and "Upstream: " in header, path
+        assert re.search(r"\b(horovod|third_party)/\S+", header), path  # where: a source file
