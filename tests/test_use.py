@@ -296,3 +296,47 @@ def test_tensorboard_serves_the_runs_scalars(trained):
     finally:
         board.terminate()
         board.wait(timeout=30)
+
+
+def test_perplexity_scores_the_newest_checkpoint_in_the_precision_it_was_trained_in(
+        long_corpus, tmp_path):
+    """A run whose precision changed at a resume (--change_config): evaluate.py takes bf16 from
+    the checkpoint's own config, not fp32 from the run's first log line, and gives the run's
+    own test perplexity. Stopped inside a later epoch, it names the step checkpoint it scores;
+    a checkpoint from before checkpoints held their config is scored with the run's newest
+    logged one."""
+    import shutil
+    from tests.helpers import run_script, term_once_saved
+    run = str(tmp_path / "run")
+    base = ["lm_ptb.py", "--config", TINY, "--data_path", long_corpus, "--output_dir", run,
+            "--set", "steps_per_epoch=40", "--set", "eval_steps=5", "--set", "checkpoint_every=15"]
+    assert run_script([*base, "--set", "num_epochs=1"]).returncode == 0
+    r = run_script([*base, "--set", "num_epochs=2", "--set", "precision='bf16'", "--resume",
+                    "--change_config"])
+    assert r.returncode == 0, r.stderr
+
+    def perplexity(run_dir):
+        r = subprocess.run([sys.executable, "evaluate.py", "perplexity", "--run", str(run_dir),
+                            "--data_path", long_corpus, "--eval_steps", "5"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+    test_ppl = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))][-1]
+    assert test_ppl["event"] == "test" and test_ppl["config"]["precision"] == "bf16"
+    assert json.loads(open(os.path.join(run, "metrics.jsonl")).readline())["config"][
+        "precision"] == "fp32"
+    out = perplexity(run)
+    assert out.startswith(f"test ppl {test_ppl['test_ppl']:.2f} | ") and out.endswith(
+        "| checkpoint ckpt-2, the end of epoch 2 | precision bf16 (the run's)"), out
+    # an older checkpoint's run: no config in it, the newest logged one (bf16) stands in
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    edit_checkpoint_config(str(old / "checkpoints" / "ckpt-2"), None)
+    assert perplexity(old) == out
+    # stopped in epoch 3 right after its step checkpoint: that one is the newest, and scored
+    job = subprocess.Popen([sys.executable, *base, "--set", "num_epochs=3",
+                            "--set", "precision='bf16'", "--resume"], cwd=REPO, text=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=script_env())
+    term_once_saved(job, os.path.join(run, "checkpoints", "steps", "ckpt-95.index"))
+    assert perplexity(run).endswith("| checkpoint steps/ckpt-95, epoch 3 step 15 | precision "
+                                    "bf16 (the run's)")
