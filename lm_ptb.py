@@ -42,7 +42,7 @@ def main(argv=None):
     train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                  args.seed)
     eval_step = make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     if position.finished:  # --resume of a run that has trained and tested every epoch
         return

@@ -66,7 +66,7 @@ def main(argv=None):
     train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                  args.seed, hvd.rank())  # Horovod 4: each rank its own masks
     eval_step = make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     position = hvd.broadcast_object(position, root_rank=0)  # Horovod 4: rank 0's position,
     hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)  # Horovod 4

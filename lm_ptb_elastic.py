@@ -107,7 +107,7 @@ def main(argv=None):
     if cfg["reduce_type"] == "grad":  # Horovod 3: average the gradients, then clip
         optimizer = hvd.DistributedOptimizer(optimizer, **steps.allreduce_options(cfg))  # Horovod 3
     eval_step = make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     # Elastic 2: only rank 0 reads the checkpoint; the state's first sync hands it to the others
     position = checkpoints.start(args.resume, args.change_config) if is_chief else Position(0)
     # Elastic 1: what a reset restores (the last commit) and hands to new workers (rank 0's):

@@ -254,7 +254,7 @@ def main(argv=None):
                                  replicas=workers)  # tf.distribute 3: summed, so / N
     train_step = distributed(strategy, train_step)  # tf.distribute 3
     eval_step = make_eval_step(model)
-    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg)
+    checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     if workers > 1:  # tf.distribute 4: resume together
         position = resume_together(collectives, is_chief, model, optimizer, position,

@@ -98,6 +98,10 @@ def test_a_resume_says_what_changed_and_refuses_another_run_in_one_line(corpus, 
         "config and --set it was trained with, or pass --change_config to go on with the new "
         "values in this run, or choose another --output_dir for a new run")
     assert files_of(out) == before
+    r = trainer("--set", "num_epochs=2", "--seed", "7", "--resume")  # other dropout masks
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: --resume: the run was trained with other values of seed (num_epochs 1 -> 2, "
+        "seed 1234 -> 7); "), r.stderr
     r = trainer("--set", "num_epochs=2", "--resume")  # the schedule alone goes on
     assert r.returncode == 0, r.stderr
     assert "[ptb] --resume: config changed since the checkpoint: num_epochs 1 -> 2\n" in r.stdout

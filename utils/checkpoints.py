@@ -56,11 +56,12 @@ class _InEpoch(tf.Module):
 
 
 class Checkpoints:
-    def __init__(self, output_dir, model, optimizer, corpus, cfg, keep=3):
+    def __init__(self, output_dir, model, optimizer, corpus, cfg, seed=None, keep=3):
         """corpus: a ptb.Corpus (its vocabulary and folder are kept with the run); cfg: the
-        resolved config, saved in every checkpoint and checked at a resume."""
+        resolved config and seed: --seed (which draws the weights and the dropout masks), both
+        saved in every checkpoint and checked at a resume."""
         self.output_dir = output_dir
-        self.cfg = cfg
+        self.cfg = cfg if seed is None else dict(cfg, seed=seed)
         create_slots(optimizer, model.trainable_variables)  # restored, then broadcast, with it
         self.vocab = corpus.vocab
         self.data_path = corpus.path
@@ -69,7 +70,7 @@ class Checkpoints:
         self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.in_epoch = _InEpoch(model.zero_state(cfg["batch_size"]))  # the global batch's
         # never restored, always this run's: a resume reads the saved one (saved_config)
-        self.run_config = tf.Variable(json.dumps(cfg, sort_keys=True), dtype=tf.string,
+        self.run_config = tf.Variable(json.dumps(self.cfg, sort_keys=True), dtype=tf.string,
                                       trainable=False)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                               epochs_done=self.epochs_done,

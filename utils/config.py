@@ -220,8 +220,10 @@ def config_hash(cfg):
 
 def changes(before, now):
     """[(key, value before, value now)] of the keys whose values differ (the config's name
-    aside), in SCHEMA order; a key one of them lacks counts at its default."""
+    aside), in SCHEMA order, then the seed where both record one; a key one of them lacks counts
+    at its default."""
     keys = [k for k in SCHEMA if k in before or k in now]
+    keys += ["seed"] if "seed" in before and "seed" in now else []
     old, new = {**DEFAULTS, **before}, {**DEFAULTS, **now}
     return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
 
