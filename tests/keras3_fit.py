@@ -3,7 +3,6 @@ wrapper and callbacks on a linear regression. Each global batch of 16 rows is sp
 ranks (rank r its r-th share), so N ranks take the steps of one process on the whole batch.
 Prints one JSON line per rank: the weights, the learning rate of each epoch, the losses.
 SEED_BY_RANK=1 starts each rank from other weights (the broadcast callback must even them)."""
-import json
 import os
 import sys
 
@@ -12,6 +11,7 @@ import numpy as np  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
+from keras3_probe import report  # noqa: E402 -- tests/, the script's own folder
 
 EPOCHS, BATCH, ROWS = 3, 16, 64
 
@@ -47,8 +47,8 @@ def main():
                                        initial_lr=0.1, multiplier=lambda epoch: 0.5 ** epoch),
                                    rates])
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
-    print(json.dumps({"rank": rank, "weights": [float(w) for w in weights], "lr": rates.seen,
-                      "loss": [float(v) for v in history.history["loss"]]}), flush=True)
+    report({"rank": rank, "weights": [float(w) for w in weights], "lr": rates.seen,
+            "loss": [float(v) for v in history.history["loss"]]})
     return 0
 
 

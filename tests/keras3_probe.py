@@ -113,8 +113,19 @@ def main():
                                          compression=hvd.Compression.fp16),
            "accumulated": accumulated(), "function": in_a_function(),
            "elastic": elastic_state()}
-    print(json.dumps(out), flush=True)
+    report(out)
     return 0
+
+
+def report(out):
+    """This rank's results as a file of its own in $PROBE_OUT (two ranks' lines printed at once
+    can run into one line of mpirun's output), else on stdout."""
+    folder = os.environ.get("PROBE_OUT")
+    if not folder:
+        print(json.dumps(out), flush=True)
+        return
+    with open(os.path.join(folder, f"rank{out['rank']}.json"), "w") as f:
+        json.dump(out, f)
 
 
 if __name__ == "__main__":

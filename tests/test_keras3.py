@@ -2,8 +2,10 @@
 its first call (horovod issue 4290): the patched build with real ranks under mpirun, each value
 computed by hand (tests/keras3_probe.py)."""
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -11,13 +13,15 @@ from tests.helpers import IS_ROOT, REPO, script_env
 
 
 def probe_on_two_ranks(script, ranks=2, env=None):
-    cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
-           "-bind-to", "none", "-np", str(ranks), sys.executable, script]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env=script_env(env))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    return {line["rank"]: line for line in lines}
+    """{rank: its results} of `script` run by `ranks` ranks, each writing its own file."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
+               "-bind-to", "none", "-np", str(ranks), sys.executable, script]
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                           env=script_env(dict(env or {}, PROBE_OUT=out)))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        results = [json.load(open(os.path.join(out, name))) for name in sorted(os.listdir(out))]
+    return {result["rank"]: result for result in results}
 
 
 def test_the_tape_the_broadcast_the_optimizer_and_the_elastic_state_on_two_ranks():
