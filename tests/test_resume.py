@@ -130,7 +130,7 @@ def test_a_resume_says_what_changed_and_refuses_another_run_in_one_line(corpus, 
 
 def test_make_single_refuses_a_changed_config_as_the_trainer_does(ptb_path, tmp_path):
     """The Makefile adds --resume by itself once the run's folder holds a run: a second `make
-    single` with other ARGS is refused by the trainer's line, and ARGS=--change_config passes."""
+    single` with other ARGS is refused by the trainer's line."""
     runs = tmp_path / "runs"
     env = dict(script_env(), PTB_DATA_PATH=ptb_path)
 
@@ -144,8 +144,7 @@ def test_make_single_refuses_a_changed_config_as_the_trainer_does(ptb_path, tmp_
     assert r.returncode != 0 and "--resume" in r.stdout, r.stdout + r.stderr
     assert "error: --resume: the run was trained with other values of keep_prob (keep_prob " \
            "1.0 -> 0.5); " in r.stderr, r.stderr
-    r = make("--set keep_prob=0.5 --change_config")
-    assert r.returncode == 0 and "is finished: 1 epoch," in r.stdout, r.stdout + r.stderr
+    # (--change_config through ARGS reaches the trainer as any flag does: tested above)
 
 
 def test_momentum_slots_are_the_same_on_every_rank_after_a_resume(corpus, tmp_path):
@@ -335,10 +334,10 @@ def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
     assert rebuilt["train_ppl"] == pytest.approx(reference["train_ppl"], rel=1e-4)
 
 
-def test_two_ranks_stopped_during_validation_both_validate_at_the_resume(ptb_path, tmp_path):
-    """The resumed run's rank 0 learns from its log that an epoch lacks its line; it tells the
-    other ranks, and all of them validate that epoch (none waits idle in a collective with no
-    allowance for it), then rank 0 writes the line."""
+def test_two_ranks_stopped_during_validation_log_the_epoch_at_the_resume(ptb_path, tmp_path):
+    """The resumed run's rank 0 learns from its log that an epoch lacks its line; it validates
+    that epoch, with the saved model, and writes the line, while the other rank waits for it
+    (who validates and who waits: test_at_a_resume_the_chief_alone_validates_...)."""
     out = str(tmp_path / "run")
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
             "--set", "steps_per_epoch=30", "--set", "num_epochs=1", *SLOW_VALIDATION]
