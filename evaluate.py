@@ -16,13 +16,15 @@ another window layout.
     python evaluate.py export --run runs/config_small-np2 --export_dir exported/small
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
 
 from data import ptb
 from utils import cli, hardware, loop, train_steps
-from utils.checkpoints import DATA_PATH_FILE, RUN_CONFIG_KEY, VOCAB_FILE
+from utils.checkpoints import DATA_PATH_FILE, RUN_CONFIG_KEY, VOCAB_FILE, check_keras
 from utils.config import DEFAULT_DATA_PATH, ConfigError
 from utils.logs import first_line, newest_checkpoint, parse_line
 from utils.model import build
@@ -78,6 +80,7 @@ class Checkpoint:
                               "--run at the --output_dir of a run that has saved one")
         try:
             reader = tf.train.load_checkpoint(self.path)
+            check_keras(reader, self.path)
             self.epochs_done = int(reader.get_tensor("epochs_done/.ATTRIBUTES/VARIABLE_VALUE"))
             self.step = int(reader.get_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE")) \
                 if reader.has_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE") else 0
@@ -202,25 +205,29 @@ def unknown_words_note(vocab, prompt):
     return note
 
 
-class NextWordModel(tf.Module):
-    """What the SavedModel holds: the weights, the vocabulary, and one function."""
+def export(model, vocab, export_dir):
+    """A SavedModel written by Keras' own ExportArchive: the weights, the vocabulary (a lookup
+    table, tracked by hand: only Keras' own lookup layers are found by themselves) and one
+    endpoint, serving_default: [batch, steps] words -> [batch, vocab] probabilities of the word
+    that follows, and the vocabulary."""
+    vocabulary = sorted(vocab, key=vocab.get)  # the words in id order
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(vocabulary, tf.range(len(vocab), dtype=tf.int64)),
+        default_value=vocab.get(ptb.UNK, -1))
 
-    def __init__(self, model, vocab):
-        super().__init__()
-        self.model = model
-        words = sorted(vocab, key=vocab.get)
-        self.words = tf.constant(words)
-        self.table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(self.words, tf.range(len(words), dtype=tf.int64)),
-            default_value=vocab.get(ptb.UNK, -1))
+    def next_word_probabilities(words):
+        ids = tf.cast(table.lookup(words), tf.int32)
+        logits, _ = model(ids, model.zero_state(tf.shape(ids)[0]))
+        return {"probabilities": tf.nn.softmax(logits[:, -1]),
+                "vocabulary": tf.constant(vocabulary)}
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string)])
-    def next_word_probabilities(self, words):
-        """[batch, steps] words -> [batch, vocab] probabilities of the word that follows."""
-        ids = tf.cast(self.table.lookup(words), tf.int32)
-        state = self.model.zero_state(tf.shape(ids)[0])
-        logits, _ = self.model(ids, state)
-        return {"probabilities": tf.nn.softmax(logits[:, -1]), "vocabulary": self.words}
+    archive = tf.keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(table)
+    archive.add_endpoint("serving_default", next_word_probabilities,
+                         input_signature=[tf.TensorSpec([None, None], tf.string)])
+    with contextlib.redirect_stdout(io.StringIO()):  # Keras 3 lists the endpoints it wrote
+        archive.write_out(export_dir)
 
 
 def main(argv=None):
@@ -255,9 +262,7 @@ def main(argv=None):
             print(note, file=sys.stderr, flush=True)
         print(generate(model, vocab, args.prompt, args.length, args.temperature, args.seed))
     else:
-        module = NextWordModel(model, vocab)
-        tf.saved_model.save(module, args.export_dir, signatures={
-            "serving_default": module.next_word_probabilities})
+        export(model, vocab, args.export_dir)
         print(f"SavedModel written to {args.export_dir} from checkpoint {checkpoint.where()} | "
               f"{precision}")
 

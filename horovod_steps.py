@@ -14,7 +14,7 @@ import os
 from data import ptb
 from utils import config
 from utils.watchdog import START_UP_S, Watchdog, chief_wait_s
-# Horovod 3: imported after utils, which selects Keras 2, whose optimizer Horovod averages in
+# Horovod 3: imported after utils, which selects the Keras (PTB_KERAS) before TensorFlow loads
 import horovod.tensorflow as hvd
 import tensorflow as tf
 

@@ -22,9 +22,9 @@ from data import ptb
 from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints
 from utils.model import build
-from utils.optimizers import make_optimizer
+from utils.optimizers import make_optimizer, optimizer_variables
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
-import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects Keras 2: Horovod 3)
+import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects the Keras: Horovod 3)
 import tensorflow as tf  # Horovod 2
 import horovod_steps as steps  # Horovod 2-10: the hardening, shared with lm_ptb_elastic.py
 
@@ -69,7 +69,8 @@ def main(argv=None):
     checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     position = hvd.broadcast_object(position, root_rank=0)  # Horovod 4: rank 0's position,
-    hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)  # Horovod 4
+    hvd.broadcast_variables(model.variables + optimizer_variables(optimizer),  # Horovod 4
+                            root_rank=0)  # Horovod 4
     if position.finished:  # --resume of a run that has trained and tested every epoch
         return
     epoch_steps = schedule.epoch_steps(cfg, len(train_x))

@@ -21,7 +21,7 @@ from utils.membership import Membership
 from utils.model import build
 from utils.optimizers import make_optimizer
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
-import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects Keras 2: Horovod 3)
+import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects the Keras: Horovod 3)
 import tensorflow as tf  # Horovod 2
 import horovod_steps as steps  # Horovod 2-10: the hardening, shared with lm_ptb_distributed.py
 

@@ -24,7 +24,7 @@ from utils.checkpoints import Checkpoints, Position
 from utils.errors import TrainingError
 from utils.logs import kept_text
 from utils.model import build
-from utils.optimizers import make_optimizer
+from utils.optimizers import KERAS3, make_optimizer, optimizer_variables
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
 from utils.watchdog import Watchdog, chief_wait_s, guard_blocking_call
 import tensorflow as tf
@@ -146,6 +146,25 @@ def check_workers_agree(collectives, cfg, corpus, log_every):
                                      f"{', '.join(str(v) for v in workers[:, column])}); {fix}")
 
 
+def sum_before_clipping(optimizer):
+    """tf.distribute 3: Keras 3's optimizer clips each replica's gradient and sums them after
+    (Keras 2's summed first): a sum of clipped gradients is not the global batch's clipped
+    gradient, and the update would not be one process's. The same optimizer, made to sum in
+    apply(), before its clip, and to skip its own sum after."""
+    if not KERAS3:
+        return optimizer
+    base = type(optimizer)
+
+    def apply(self, grads, trainable_variables=None):
+        replica = tf.distribute.get_replica_context()
+        if replica is not None and replica.num_replicas_in_sync > 1:
+            grads = replica.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
+        return base.apply(self, grads, trainable_variables)
+    summing = type(base.__name__, (base,), {
+        "apply": apply, "_all_reduce_sum_gradients": lambda self, pairs: list(pairs)})
+    return summing.from_config(optimizer.get_config())
+
+
 def distributed(strategy, step):
     """tf.distribute 3: the same train step run by every worker on its rows; the optimizer,
     made in the strategy's scope, sums the replicas' gradients before clipping."""
@@ -161,7 +180,7 @@ def distributed(strategy, step):
 def resume_together(collectives, is_chief, model, optimizer, position, global_state):
     """tf.distribute 4: worker 0 restored the checkpoint; every worker takes its weights,
     optimizer state and position (with the LSTM state of the whole global batch)."""
-    variables = model.variables + optimizer.variables()
+    variables = model.variables + optimizer_variables(optimizer)
     for variable, value in zip(variables, collectives.from_chief(is_chief, variables)):
         variable.assign(value)
     position = position or Position(0)
@@ -248,7 +267,7 @@ def main(argv=None):
 
     with strategy.scope():  # tf.distribute 3: variables mirrored, initial values from worker 0
         model = build(cfg, len(corpus.vocab))
-        optimizer = make_optimizer(cfg)
+        optimizer = sum_before_clipping(make_optimizer(cfg))  # tf.distribute 3
     train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                  args.seed, index,  # tf.distribute 4: own dropout masks
                                  replicas=workers)  # tf.distribute 3: summed, so / N

@@ -41,6 +41,15 @@ def cpu_model(cpuinfo="/proc/cpuinfo"):
     return f"{name} ({', '.join(f for f in SIMD_FLAGS if f in flags) or 'no AVX2'})"
 
 
+def keras_version(tf):
+    """tf.keras's: Keras 3's own version, or tf-keras's (PTB_KERAS=2: "tf-keras 2.21.0")."""
+    version = getattr(tf.keras, "__version__", None)
+    if version:
+        return version
+    import tf_keras
+    return f"tf-keras {tf_keras.__version__}"
+
+
 def record():
     """The environment of a results run (imports TensorFlow and Horovod for their versions)."""
     import horovod
@@ -52,6 +61,7 @@ def record():
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30),
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
+        "keras": keras_version(tf),
         "horovod": horovod.__version__,
         "mpirun": first_line(["mpirun", "--version"]),
         "commit": first_line(["git", "rev-parse", "--short", "HEAD"]),

@@ -102,7 +102,7 @@ def patterned_sentences(n, seed=0):
             for _ in range(n)]
 
 
-def mpirun(*apps, timeout=420, extra=()):
+def mpirun(*apps, timeout=420, extra=(), env=None):
     """Run lm_ptb_distributed.py under mpirun: each app is (nprocs, its arguments), the ranks
     numbered in the apps' order. Several apps run through tests/per_rank.py, not mpirun's MPMD
     form, which Debian 13's Open MPI cannot run (see there). The timeout bounds a hang, not the
@@ -117,7 +117,7 @@ def mpirun(*apps, timeout=420, extra=()):
         cmd += [os.path.join("tests", "per_rank.py"),
                 json.dumps([list(args) for n, args in apps for _ in range(n)])]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=script_env())
+                          env=script_env(env))
 
 
 def events(run_dir, kind):
@@ -126,10 +126,27 @@ def events(run_dir, kind):
 
 
 def checkpoint_weights(run_dir):
+    """The model's weights in the run's newest epoch checkpoint, by their path from the model
+    (model/lstm_0/cell/kernel...): found through the checkpoint's object graph, since a tensor's
+    key is its shortest path, which on Keras 3 runs through the optimizer for some."""
     import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
     reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith("model/")}
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    weights, seen = {}, set()
+
+    def walk(node, path):
+        if node in seen:
+            return
+        seen.add(node)
+        for attribute in graph.nodes[node].attributes:
+            weights[path] = reader.get_tensor(attribute.checkpoint_key)
+        for child in graph.nodes[node].children:
+            walk(child.node_id, f"{path}/{child.local_name}")
+    model, = (c.node_id for c in graph.nodes[0].children if c.local_name == "model")
+    walk(model, "model")
+    return weights
 
 
 def edit_checkpoint_config(prefix, changes=None):

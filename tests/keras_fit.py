@@ -7,10 +7,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import utils  # noqa: F401,E402  first: tf.keras is Keras 2 (tf-keras), which Horovod wraps
+import utils  # noqa: F401,E402  first: it selects the Keras (Keras 3 unless PTB_KERAS=2)
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from utils.optimizers import KERAS3  # noqa: E402
 
 BATCH, STEPS_PER_EPOCH, EPOCHS, WARMUP_EPOCHS, LR = 8, 4, 6, 2, 0.05
 
@@ -23,7 +24,7 @@ class RecordLearningRate(tf.keras.callbacks.Callback):
         self.rates = []
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.rates.append(float(tf.keras.backend.get_value(self.model.optimizer.lr)))
+        self.rates.append(float(np.array(self.model.optimizer.learning_rate)))
 
 
 def main(out_dir):
@@ -33,10 +34,12 @@ def main(out_dir):
     x = rng.normal(size=(hvd.size() * BATCH * STEPS_PER_EPOCH, 4)).astype("float32")
     y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32") + 0.1).astype("float32")
     x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
-    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(4,)),
+    model = tf.keras.Sequential([tf.keras.Input(shape=(4,)),
+                                 tf.keras.layers.Dense(8, activation="tanh"),
                                  tf.keras.layers.Dense(1)])
+    sgd = tf.keras.optimizers.SGD if KERAS3 else tf.keras.optimizers.legacy.SGD
     optimizer = hvd.DistributedOptimizer(  # 3: the gradients averaged over the ranks
-        tf.keras.optimizers.legacy.SGD(learning_rate=LR, momentum=0.9))
+        sgd(learning_rate=LR, momentum=0.9))
     model.compile(optimizer=optimizer, loss="mse")
     record = RecordLearningRate()
     callbacks = [
@@ -48,7 +51,7 @@ def main(out_dir):
     ]
     if hvd.rank() == 0:  # 8: rank 0 alone writes
         callbacks.append(tf.keras.callbacks.ModelCheckpoint(
-            os.path.join(out_dir, "weights-{epoch}.h5"), save_weights_only=True))
+            os.path.join(out_dir, "weights-{epoch}.weights.h5"), save_weights_only=True))
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=callbacks,
                         shuffle=False, verbose=0)
     with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:

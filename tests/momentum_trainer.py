@@ -14,8 +14,9 @@ tf = import_tensorflow()
 
 
 def make_optimizer(cfg):
-    return tf.keras.optimizers.legacy.SGD(learning_rate=cfg["learning_rate"], momentum=0.9,
-                                          global_clipnorm=cfg["max_grad_norm"])
+    sgd = tf.keras.optimizers.SGD if optimizers.KERAS3 else tf.keras.optimizers.legacy.SGD
+    return sgd(learning_rate=cfg["learning_rate"], momentum=0.9,
+               global_clipnorm=cfg["max_grad_norm"])
 
 
 optimizers.make_optimizer = make_optimizer

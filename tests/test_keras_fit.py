@@ -33,4 +33,4 @@ def test_model_fit_with_horovods_callbacks_on_two_ranks(tmp_path):
     assert ranks[0]["loss"] == pytest.approx(ranks[1]["loss"], rel=1e-6)
     assert ranks[0]["loss"][-1] < 0.5 * ranks[0]["loss"][0]
     assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".h5")) == \
-        [f"weights-{epoch}.h5" for epoch in range(1, 7)]
+        [f"weights-{epoch}.weights.h5" for epoch in range(1, 7)]

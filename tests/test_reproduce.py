@@ -69,6 +69,7 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     assert run["kind"] == "full" and len(run["segments"]) == 3
     assert run["note"].endswith(" segment: a test beside it"), run["note"]
     assert run["env"]["tensorflow"] and run["env"]["horovod"] and run["env"]["python"]
+    assert run["env"]["keras"].startswith("3.")  # Keras 3, the default
     first, second, third = run["segments"]
     assert "--resume" not in first["command"] and second["command"].endswith("--resume")
     assert second["epochs_done_at_start"] >= 1 and second["cpu"] and second["commit"]

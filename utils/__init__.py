@@ -8,14 +8,21 @@ import os
 import platform
 import sys
 
-# TensorFlow >= 2.16 makes tf.keras Keras 3. Horovod 0.28.1's DistributedOptimizer averages the
-# gradients inside a Keras 2 optimizer's minimize() (its _compute_gradients), a hook Keras 3's
-# optimizers do not have; tf-keras (Keras 2) is installed beside TensorFlow for that. Forced,
-# not defaulted: with Keras 3 the distributed step would not be the single-process step.
-# Without tf-keras (TensorFlow <= 2.15, whose tf.keras is Keras 2) the variable would break
-# tf.keras, so it is left alone; make_optimizer refuses a Keras 3 in one line.
-if importlib.util.find_spec("tf_keras"):
+# Which Keras is tf.keras: PTB_KERAS=3 is TensorFlow's own (Keras 3, what TensorFlow >= 2.16
+# installs), PTB_KERAS=2 legacy tf-keras, installed beside it (TF_USE_LEGACY_KERAS=1). Horovod
+# 0.28.1 hooks Keras 2's optimizer only; the patches in scripts/patches/ (10-13) make it average
+# a Keras 3 optimizer's gradients too (docs/keras3.md). TensorFlow <= 2.15's tf.keras is Keras 2
+# whatever this says. Read once, before TensorFlow's first import.
+KERAS_CHOICES = {"2": "tf-keras, legacy Keras 2", "3": "Keras 3, TensorFlow's own tf.keras"}
+KERAS = os.environ.get("PTB_KERAS") or "3"
+if KERAS not in KERAS_CHOICES:
+    print(f"error: PTB_KERAS={KERAS!r} is not a Keras this repository runs; set PTB_KERAS=3 "
+          "(Keras 3) or PTB_KERAS=2 (tf-keras), or unset it", file=sys.stderr)
+    sys.exit(2)
+if KERAS == "2" and importlib.util.find_spec("tf_keras"):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
+elif KERAS == "3":
+    os.environ.pop("TF_USE_LEGACY_KERAS", None)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
 
 # TensorFlow's x86 builds run oneDNN's kernels by default only on CPUs with AVX-512 VNNI or

@@ -16,7 +16,7 @@ from data import ptb
 from utils import config, import_tensorflow
 from utils.errors import ConfigError, OutputError
 from utils.logs import IN_EPOCH, PREFIX, RUN, first_line, newest_checkpoint, os_reason, parse_line
-from utils.optimizers import create_slots
+from utils.optimizers import KERAS3, create_slots
 from utils.signals import signals_deferred
 
 tf = import_tensorflow()
@@ -24,6 +24,22 @@ tf = import_tensorflow()
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
 DATA_PATH_FILE = "data_path.txt"  # the corpus folder it last trained on, for evaluate.py
 RUN_CONFIG_KEY = "run_config/.ATTRIBUTES/VARIABLE_VALUE"  # the config, as JSON, in a checkpoint
+# The optimizer's step counter, a key of every checkpoint, named apart by each Keras
+STEP_KEYS = {"3": "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",
+             "2": "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE"}
+
+
+def check_keras(reader, path):
+    """One line when the checkpoint was written under the other Keras: Keras 3 and tf-keras name
+    the model's and the optimizer's variables apart, so it would not load (or not all of it)."""
+    ours = "3" if KERAS3 else "2"
+    for keras, key in STEP_KEYS.items():
+        if keras != ours and reader.has_tensor(key):
+            raise ConfigError(f"checkpoint {path} was written by code on "
+                              f"{'Keras 3' if keras == '3' else 'tf-keras (Keras 2)'}, and this "
+                              f"process runs {'Keras 3' if KERAS3 else 'tf-keras'}, which names "
+                              f"the variables apart; run with PTB_KERAS={keras} to resume or "
+                              "evaluate it (docs/keras3.md)")
 
 
 class Position(NamedTuple):
@@ -246,6 +262,7 @@ class Checkpoints:
         damaged = []
         for path in candidates:  # newest first
             try:
+                check_keras(tf.train.load_checkpoint(path), path)
                 # the in-epoch values are read just below, not by _core: no warning about them
                 self._core.restore(path).assert_existing_objects_matched().expect_partial()
                 tf.train.Checkpoint(in_epoch=self.in_epoch).restore(path).expect_partial()

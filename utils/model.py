@@ -72,14 +72,14 @@ def bptt_lstm(cell, x, h, c, compute_dtype=tf.float32):
     else (the gates, the cell state, the outputs, the gradients it returns) stays fp32.
     """
     return _bptt(x, h, c, tf.cast(cell.kernel, compute_dtype),
-                 tf.cast(cell.recurrent_kernel, compute_dtype), cell.bias)
+                 tf.cast(cell.recurrent_kernel, compute_dtype), tf.convert_to_tensor(cell.bias))
 
 
 @tf.custom_gradient
 def _bptt(x, h0, c0, kernel, recurrent_kernel, bias):
-    # kernel and recurrent_kernel come in already cast (weights, not variables, in here: a
-    # variable read inside a custom gradient needs the `variables` argument, and the cast's
-    # own gradient takes ours back to the fp32 variable).
+    # The weights come in as tensors, cast or read (not variables: a variable read inside a
+    # custom gradient needs the `variables` argument, and the cast's or the read's own
+    # gradient takes ours back to the fp32 variable).
     rows, z_x = _input_projection(x, kernel, bias)
     hs, cs, gates, operands = _recurrence(z_x, h0, c0, recurrent_kernel)
     compute = kernel.dtype
@@ -172,6 +172,10 @@ class PTBModel(tf.keras.Model):
                                            kernel_initializer=init(), recurrent_initializer=init(),
                                            unit_forget_bias=False, dtype=policy)
                       for _ in range(num_layers)]
+        # Each also an attribute of its own: Keras 3 does not give a checkpoint the layers of a
+        # list, and a model-only restore (evaluate.py) would score fresh LSTM weights unwarned.
+        for number, lstm in enumerate(self.lstms):
+            setattr(self, f"lstm_{number}", lstm)
         self.dropout_rate = 1.0 - keep_prob
         self.softmax = tf.keras.layers.Dense(vocab_size, kernel_initializer=init(),
                                              bias_initializer=init())

@@ -1,26 +1,59 @@
-"""The optimizer of the paper (SGD, clipped by the global norm) and its state made up front."""
+"""The optimizer of the paper (SGD, clipped by the global norm), its state made up front, and the
+update, the same on Keras 3 and on Keras 2 (utils.KERAS says which tf.keras is)."""
+import utils
 from utils import import_tensorflow
 from utils.errors import TrainingError
 
 tf = import_tensorflow()
 
+KERAS3 = tf.keras.__name__.startswith("keras._tf_keras")  # tf_keras (2.15: keras.api._v2)
+
+
+def check_keras():
+    """One line when tf.keras is not the Keras utils selected: TensorFlow was imported first."""
+    wanted3 = utils.KERAS == "3" and tuple(map(int, tf.__version__.split(".")[:2])) >= (2, 16)
+    if KERAS3 != wanted3:
+        got, wanted = ("Keras 3", "tf-keras") if KERAS3 else ("tf-keras", "Keras 3")
+        raise TrainingError(f"tf.keras is {got}, not the {wanted} that PTB_KERAS={utils.KERAS} "
+                            "selects: TensorFlow was imported before utils; import utils "
+                            "first (and for tf-keras, install requirements-no-deps.txt)")
+
 
 def make_optimizer(cfg):
-    # Legacy Keras SGD clips by global norm in apply_gradients. Horovod's DistributedOptimizer
-    # averages the gradients before that, in _compute_gradients, which minimize() calls (see
-    # make_train_step), so the clipped norm is that of the global batch's gradient and a
-    # distributed update equals the single-process update.
-    if tf.keras.__name__.startswith("keras._tf_keras"):  # Keras 3 (2.15: keras.api._v2)
-        raise TrainingError("tf.keras is Keras 3: TensorFlow was imported before utils, which "
-                            "selects Keras 2 (TF_USE_LEGACY_KERAS=1), or tf-keras is not "
-                            "installed; import utils first, and install requirements-no-deps.txt")
+    """SGD that clips the gradient by its global norm, then steps. Horovod's DistributedOptimizer
+    averages the ranks' gradients before that clip (Keras 2: in minimize(), Keras 3: in apply(),
+    scripts/patches/ 11), so the clipped norm is the global batch's gradient's and a distributed
+    update equals the single-process one."""
+    check_keras()
+    if KERAS3:
+        return tf.keras.optimizers.SGD(learning_rate=cfg["learning_rate"],
+                                       global_clipnorm=cfg["max_grad_norm"])
     return tf.keras.optimizers.legacy.SGD(learning_rate=cfg["learning_rate"],
                                           global_clipnorm=cfg["max_grad_norm"])
 
 
 def create_slots(optimizer, variables):
-    """The optimizer's state (momentum, Adam's moments: a slot per weight) made now. Legacy Keras
-    makes it at the first update, after a checkpoint's restore and the ranks' broadcast: then
-    only the restoring rank would hold the saved state, and the ranks would train apart."""
-    with optimizer._distribution_strategy_scope():  # tf.distribute: slots beside their weights
+    """The optimizer's state (momentum, Adam's moments: a slot per weight) made now. Keras makes
+    it at the first update, after a checkpoint's restore and the ranks' broadcast: then only
+    the restoring rank would hold the saved state, and the ranks would train apart."""
+    if KERAS3:
+        with optimizer._distribution_strategy.scope():  # tf.distribute: beside their weights
+            optimizer.build(variables)
+        return
+    with optimizer._distribution_strategy_scope():
         optimizer._create_all_weights(variables)
+
+
+def optimizer_variables(optimizer):
+    """The optimizer's own variables: its step counter and slots (a list on Keras 3, a method's
+    result on Keras 2)."""
+    return list(optimizer.variables) if KERAS3 else optimizer.variables()
+
+
+def minimize(optimizer, loss, variables, tape):
+    """One update from the loss's gradient. On Keras 2 through minimize(tape=): Horovod's
+    wrapper averages inside it (its _compute_gradients), which apply_gradients alone skips. On
+    Keras 3 through apply_gradients: the patched wrapper averages in apply()."""
+    if not KERAS3:
+        return optimizer.minimize(loss, variables, tape=tape)
+    return optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))

@@ -2,6 +2,7 @@
 function of the seed, the rank and the optimizer's step) and an evaluation step."""
 from utils import import_tensorflow
 from utils.model import sequence_loss
+from utils.optimizers import minimize
 
 tf = import_tensorflow()
 
@@ -42,10 +43,8 @@ def make_train_step(model, optimizer, passes=1, seed=0, rank=0, replicas=1):
                                   noise_seed=noise_seed(seed, rank, optimizer.iterations))
             loss = sequence_loss(logits, y)
             scaled = loss / replicas
-        # minimize(tape=...) rather than tape.gradient + apply_gradients: Horovod's Keras
-        # DistributedOptimizer allreduces inside _compute_gradients, which minimize calls and
-        # apply_gradients alone never does (it would silently train each rank on its own).
-        optimizer.minimize(scaled, model.trainable_variables, tape=tape)
+        # optimizers.minimize: where Horovod's DistributedOptimizer averages (docs/keras3.md)
+        minimize(optimizer, scaled, model.trainable_variables, tape)
         return loss, state
     return train_step
 
@@ -74,7 +73,7 @@ def _make_accumulating_step(model, optimizer, passes, seed, rank, replicas):
         # loss's gradient, then clips and applies it once.
         with tf.GradientTape() as tape:
             surrogate = tf.add_n([_dot(g, v) for g, v in zip(grads, variables)]) / replicas
-        optimizer.minimize(surrogate, variables, tape=tape)
+        minimize(optimizer, surrogate, variables, tape)
         state = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *states)
         return total, state
     return train_step
