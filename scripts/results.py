@@ -253,7 +253,9 @@ def provenance(runs):
             note += f". Lost {r['lost']}"
         lines.append(f"- `results/runs/{r['name']}` ({r['kind']}, {r['workers']} worker"
                      f"{'s' if r['workers'] > 1 else ''}; {env['date_utc']} UTC, {env['cpu']}, "
-                     f"{env['cores']} cores, TF {env['tensorflow']}, Horovod {env['horovod']}, "
+                     f"{env['cores']} cores, TF {env['tensorflow']}, "
+                     + (f"Keras {env['keras']}, " if "keras" in env else "")
+                     + f"Horovod {env['horovod']}, "
                      f"commit {env['commit']}): `{r['command']}`"
                      + (f". {note}" if note else ""))
     return lines
@@ -417,9 +419,10 @@ def epochs_cell(run, name, runs):
     return cell
 
 
-def paper_table(runs):
+def paper_table(runs, label=""):
     """README's table, in the shape of the published ones: a row per config, the run of the
-    card's command, both times per epoch, and the published test perplexities beside."""
+    card's command, both times per epoch, and the published test perplexities beside; `label`
+    after each row's config name."""
     rows = ["| config | epochs | train | valid | test | time/epoch, 2 workers | time/epoch, "
             "1 process | published test: Texar / TF tutorial / paper | machine |",
             "|" + " --- |" * 9]
@@ -437,44 +440,80 @@ def paper_table(runs):
                                                                      ("test", "test_ppl"))),
             fmt(t2, ".0f", " s"), fmt(t1, ".0f", " s"),
             " / ".join(map(str, PUBLISHED[name])), machine([run, run1, run2])]
-        label = name.replace("config_", "") + (", bf16" if precision(run) == "bf16" else "")
-        rows.append(f"| {label} | {' | '.join(cells)} |")
+        row = name.replace("config_", "") + (", bf16" if precision(run) == "bf16" else "") + label
+        rows.append(f"| {row} | {' | '.join(cells)} |")
+    return rows
+
+
+def paired_table(subjects, reference_of, header):
+    """Each run of `subjects`: its valid perplexity per epoch against its reference_of(run) at
+    the same epoch (the test perplexity too, where both ran as many epochs and have one)."""
+    rows = [header, "|" + " --- |" * 6]
+    for r in sorted(subjects, key=lambda r: r["name"]):
+        ref_run = reference_of(r)
+        reference = {e["epoch"]: e["valid_ppl"] for e in (ref_run or {"events": []})["events"]
+                     if e["event"] == "epoch"}
+        pairs = [(e["epoch"], e["valid_ppl"], reference.get(e["epoch"]))
+                 for e in r["events"] if e["event"] == "epoch"]
+        tests = [last(x, "test", "test_ppl") if x else None for x in (r, ref_run)]
+        if all(tests) and epoch_count(r) == epoch_count(ref_run):
+            pairs.append(("test", *tests))
+        for epoch, value, ref in pairs:
+            diff = f"{100 * (value - ref) / ref:+.2f} %" if ref else "—"
+            rows.append(f"| {r['config']['name'].replace('config_', '')} | {r['workers']} | "
+                        f"{epoch} | {value:.2f} | {fmt(ref, '.2f')} | {diff} |")
     return rows
 
 
 def bf16_table(runs):
     """Each bf16 run's valid perplexity per epoch against the fp32 run of the same config and
     workers at the same epoch (the test perplexity too, where both have one)."""
-    rows = ["| config | workers | epoch | valid ppl, bf16 | valid ppl, fp32 | difference |",
-            "|" + " --- |" * 6]
-    for r in sorted((r for r in runs if precision(r) == "bf16"), key=lambda r: r["name"]):
-        name, workers = r["config"]["name"], r["workers"]
-        fp32 = longest_trained([f for f in runs if precision(f) == "fp32"], name, workers)
-        reference = {e["epoch"]: e["valid_ppl"] for e in (fp32 or {"events": []})["events"]
-                     if e["event"] == "epoch"}
-        pairs = [(e["epoch"], e["valid_ppl"], reference.get(e["epoch"]))
-                 for e in r["events"] if e["event"] == "epoch"]
-        tests = [last(x, "test", "test_ppl") if x else None for x in (r, fp32)]
-        if all(tests) and epoch_count(r) == epoch_count(fp32):
-            pairs.append(("test", *tests))
-        for epoch, bf16, ref in pairs:
-            diff = f"{100 * (bf16 - ref) / ref:+.2f} %" if ref else "—"
-            rows.append(f"| {name.replace('config_', '')} | {workers} | {epoch} | {bf16:.2f} | "
-                        f"{fmt(ref, '.2f')} | {diff} |")
-    return rows
+    fp32 = fp32_only(runs)
+    return paired_table(
+        [r for r in runs if precision(r) == "bf16"],
+        lambda r: longest_trained(fp32, r["config"]["name"], r["workers"]),
+        "| config | workers | epoch | valid ppl, bf16 | valid ppl, fp32 | difference |")
+
+
+def keras(run):
+    """"Keras 3" for a run on TensorFlow's own Keras 3 (its environment records Keras 3.x), else
+    "tf-keras": the runs from before Keras 3 was the default recorded no Keras."""
+    return "Keras 3" if str(run.get("env", {}).get("keras", "")).startswith("3") else "tf-keras"
+
+
+def keras3_only(runs):
+    return [r for r in runs if keras(r) == "Keras 3"]
+
+
+def tf_keras_only(runs):
+    return [r for r in runs if keras(r) == "tf-keras"]
+
+
+def keras3_table(runs):
+    """Each Keras 3 run's valid perplexity per epoch against the tf-keras run of the same
+    config, workers and precision (the same seed draws other first weights under each Keras)."""
+    legacy = tf_keras_only(runs)
+    return paired_table(
+        keras3_only(runs),
+        lambda r: longest_trained([x for x in legacy if precision(x) == precision(r)],
+                                  r["config"]["name"], r["workers"]),
+        "| config | workers | epoch | valid ppl, Keras 3 | valid ppl, tf-keras | difference |")
 
 
 def results_block(runs):
-    """The lines between the results markers of README.md."""
-    return paper_table(runs)
+    """The lines between the results markers of README.md: the tf-keras runs' rows, then a row
+    per config that ran on Keras 3."""
+    rows = paper_table(tf_keras_only(runs))
+    return rows + paper_table(keras3_only(runs), ", Keras 3")[2:]
 
 
 def fp32_only(runs):
     return [r for r in runs if precision(r) == "fp32"]
 
 
-def results_readme(runs):
+def results_readme(all_runs):
     """results/README.md: the full table and every run's provenance."""
+    runs = tf_keras_only(all_runs)  # the tables' runs; the Keras 3 ones in a table of their own
     return "\n".join([
         "# Results: every run behind the table, with its command, date and machine", "",
         "Where each kind lives:", "",
@@ -492,15 +531,18 @@ def results_readme(runs):
         *epoch_by_epoch(fp32_only(runs)), "",
         "bf16 runs (precision='bf16', docs/precision.md), apart from the table above, against "
         "the fp32 run of the same config and workers:", "", *bf16_table(runs), "",
+        "The tables above are of runs on tf-keras (Keras 2), the default before Keras 3 "
+        "(docs/keras3.md). Runs on Keras 3, against the tf-keras run of the same config, workers "
+        "and precision:", "", *keras3_table(all_runs), "",
         "Runs (command, date, machine):", "",
-        *provenance(runs), ""])
+        *provenance(all_runs), ""])
 
 
 def build():
     runs = load_all()
     if not runs:
         sys.exit("error: no runs under results/runs/; record some first")
-    plots(runs)
+    plots(tf_keras_only(runs))
     path = os.path.join(REPO, "README.md")
     with open(path) as f:
         text = f.read()

@@ -272,3 +272,22 @@ def test_the_perplexity_axis_reads_as_plain_numbers():
                                                            "300"]
     assert not any(t.get_text() for t in ax.yaxis.get_minorticklabels())
     plt.close(fig)
+
+
+def test_a_keras3_run_is_a_row_of_its_own_beside_the_tf_keras_run_of_the_same_row():
+    env = {"cpu": "AMD EPYC", "cores": 2}
+    legacy = dict(run("full", 2, [epoch(1, 51.0, 61.0, 100.0), epoch(2, 50.0, 60.0, 100.0),
+                                  {"event": "test", "test_ppl": 58.0}]), env=env)
+    keras3 = dict(run("full", 2, [epoch(1, 52.0, 61.61, 90.0), epoch(2, 49.0, 59.4, 90.0),
+                                  {"event": "test", "test_ppl": 57.42}]),
+                  env=dict(env, keras="3.15.1"), name="small-2workers-keras3")
+    rows = results.results_block([legacy, keras3])
+    assert rows[2].startswith("| small | 2 | 50.00 | 60.00 | 58.00 | 100 s |")
+    assert rows[3].startswith("| small, Keras 3 | 2 | 49.00 | 59.40 | 57.42 | 90 s |")
+    assert len(rows) == 4
+    assert results.keras3_table([legacy, keras3])[2:] == [
+        "| small | 2 | 1 | 61.61 | 61.00 | +1.00 % |",
+        "| small | 2 | 2 | 59.40 | 60.00 | -1.00 % |",
+        "| small | 2 | test | 57.42 | 58.00 | -1.00 % |"]
+    # the tf-keras tables of results/README.md keep to tf-keras: no "two runs of a row" refusal
+    assert len(results.table(results.fp32_only(results.tf_keras_only([legacy, keras3])))) == 3
