@@ -136,7 +136,8 @@ def test_bf16_model_keeps_fp32_variables_gradients_state_and_logits(impl):
     (loss32, _, _, grads32), (loss16, logits16, state16, grads16) = results
     assert logits16.dtype == tf.float32
     assert all(t.dtype == tf.float32 for t in tf.nest.flatten(state16))
-    assert all(v.dtype == tf.float32 for v in model.variables)
+    # (Keras 3's LSTM layer also holds an integer seed state, no weight)
+    assert all(tf.as_dtype(v.dtype) == tf.float32 for v in model.trainable_variables)
     assert loss16 == pytest.approx(loss32, rel=1e-3)
     worst = 0.0
     for g16, g32 in zip(grads16, grads32):
