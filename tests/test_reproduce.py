@@ -13,12 +13,12 @@ from tests.helpers import REPO, TINY
 from utils.logs import IN_EPOCH
 
 
-def reproduce(action, tmp_path, corpus, *more):
+def reproduce(action, tmp_path, corpus, *more, epochs=3):
     args = [sys.executable, "scripts/reproduce.py", action, *more, "--config", TINY,
             "--runs_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results")]
     if action == "start":
-        args += ["--data_path", corpus, "--set", "steps_per_epoch=800", "--set", "num_epochs=3",
-                 "--set", "eval_steps=5"]
+        args += ["--data_path", corpus, "--set", "steps_per_epoch=800", "--set",
+                 f"num_epochs={epochs}", "--set", "eval_steps=5"]
     r = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=240)
     return r.returncode, r.stdout.strip()
 
@@ -31,12 +31,14 @@ def wait_for(condition, what, timeout=150):
 
 
 def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
+    """6 epochs of 800 tiny steps (4-6 s each here): the resumed run must still be training
+    when the stop comes, after two more starts (3 epochs were once done before it, under load)."""
     corpus = long_corpus
     run_dir = tmp_path / "runs" / "tiny-np2"
     assert reproduce("status", tmp_path, corpus)[0] == 1  # nothing to report yet
-    rc, out = reproduce("start", tmp_path, corpus)
+    rc, out = reproduce("start", tmp_path, corpus, epochs=6)
     # it returned with the trainer's first progress line, the run going on in the background
-    assert rc == 0 and "started" in out and "; its first line: [ptb] epoch 1/3 | step 100/800 " \
+    assert rc == 0 and "started" in out and "; its first line: [ptb] epoch 1/6 | step 100/800 " \
         in out, out
     assert alive(int((run_dir / "pid").read_text()))
     wait_for(lambda: (run_dir / "checkpoints" / "ckpt-1.index").exists(), "first checkpoint")
@@ -48,22 +50,22 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     assert json.load(open(tmp_path / "results" / "tiny-2workers" / "run.json"))["kind"] == "partial"
     assert reproduce("shared", tmp_path, corpus, "a test beside it")[0] == 0
 
-    rc, out = reproduce("start", tmp_path, corpus)  # returns at the resumed run's first line
+    rc, out = reproduce("start", tmp_path, corpus, epochs=6)  # returns at its first line
     assert rc == 0 and "resumed" in out and "; its first line: [ptb] epoch " in out, out
-    rc, out = reproduce("start", tmp_path, corpus)  # a second start while it runs
+    rc, out = reproduce("start", tmp_path, corpus, epochs=6)  # a second start while it runs
     assert rc == 0 and "already running" in out, out
     rc, out = reproduce("stop", tmp_path, corpus)  # the ranks end their step, rank 0 says so
     assert rc == 0 and "stopped by SIGTERM; the newest checkpoint" in out, out
     assert "stopped;" in reproduce("status", tmp_path, corpus)[1]
-    rc, out = reproduce("start", tmp_path, corpus)
+    rc, out = reproduce("start", tmp_path, corpus, epochs=6)
     assert rc == 0 and "resumed" in out, out
     wait_for(lambda: "done" in reproduce("status", tmp_path, corpus)[1], "finished run")
     rc, out = reproduce("status", tmp_path, corpus)
-    assert out.startswith("reproduce: ") and "3 of 3 epochs" in out and "test ppl" in out, out
+    assert out.startswith("reproduce: ") and "6 of 6 epochs" in out and "test ppl" in out, out
 
     kept = tmp_path / "results" / "tiny-2workers"
     events = [json.loads(line) for line in open(kept / "metrics.jsonl")]
-    assert [e["epoch"] for e in events if e["event"] == "epoch"] == [1, 2, 3]
+    assert [e["epoch"] for e in events if e["event"] == "epoch"] == [1, 2, 3, 4, 5, 6]
     assert {e["world_size"] for e in events} == {2}
     run = json.load(open(kept / "run.json"))
     assert run["kind"] == "full" and len(run["segments"]) == 3
@@ -79,8 +81,8 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     # to metrics.jsonl (seen once: epoch 1's line lost, its event kept). Every epoch after the
     # checkpoint the second segment started from is its own, and so is its line.
     log = (run_dir / "train.log").read_text()
-    for epoch in range(second["epochs_done_at_start"] + 1, 4):
-        assert f"[ptb] epoch {epoch}/3 done" in log, log
+    for epoch in range(second["epochs_done_at_start"] + 1, 7):
+        assert f"[ptb] epoch {epoch}/6 done" in log, log
     # the console's log goes beside the metrics, to be committed with them
     assert (kept / "train.log").read_text() == log and "stopped by SIGTERM" in log
 
