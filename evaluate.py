@@ -24,7 +24,7 @@ import sys
 
 from data import ptb
 from utils import cli, hardware, loop, train_steps
-from utils.checkpoints import DATA_PATH_FILE, RUN_CONFIG_KEY, VOCAB_FILE, check_keras
+from utils.checkpoints import DATA_PATH_FILE, RUN_CONFIG_KEY, VOCAB_FILE, refuse_other_keras
 from utils.config import DEFAULT_DATA_PATH, ConfigError
 from utils.logs import first_line, newest_checkpoint, parse_line
 from utils.model import build
@@ -80,7 +80,7 @@ class Checkpoint:
                               "--run at the --output_dir of a run that has saved one")
         try:
             reader = tf.train.load_checkpoint(self.path)
-            check_keras(reader, self.path)
+            refuse_other_keras(reader, self.path)
             self.epochs_done = int(reader.get_tensor("epochs_done/.ATTRIBUTES/VARIABLE_VALUE"))
             self.step = int(reader.get_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE")) \
                 if reader.has_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE") else 0

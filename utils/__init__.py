@@ -13,7 +13,7 @@ import sys
 # 0.28.1 hooks Keras 2's optimizer only; the patches in scripts/patches/ (10-13) make it average
 # a Keras 3 optimizer's gradients too (docs/keras3.md). TensorFlow <= 2.15's tf.keras is Keras 2
 # whatever this says. Read once, before TensorFlow's first import.
-KERAS_CHOICES = {"2": "tf-keras, legacy Keras 2", "3": "Keras 3, TensorFlow's own tf.keras"}
+KERAS_CHOICES = ("2", "3")  # tf-keras, Keras 3
 KERAS = os.environ.get("PTB_KERAS") or "3"
 if KERAS not in KERAS_CHOICES:
     print(f"error: PTB_KERAS={KERAS!r} is not a Keras this repository runs; set PTB_KERAS=3 "

@@ -29,7 +29,7 @@ STEP_KEYS = {"3": "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",
              "2": "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE"}
 
 
-def check_keras(reader, path):
+def refuse_other_keras(reader, path):
     """One line when the checkpoint was written under the other Keras: Keras 3 and tf-keras name
     the model's and the optimizer's variables apart, so it would not load (or not all of it)."""
     ours = "3" if KERAS3 else "2"
@@ -262,7 +262,7 @@ class Checkpoints:
         damaged = []
         for path in candidates:  # newest first
             try:
-                check_keras(tf.train.load_checkpoint(path), path)
+                refuse_other_keras(tf.train.load_checkpoint(path), path)
                 # the in-epoch values are read just below, not by _core: no warning about them
                 self._core.restore(path).assert_existing_objects_matched().expect_partial()
                 tf.train.Checkpoint(in_epoch=self.in_epoch).restore(path).expect_partial()
