@@ -26,7 +26,7 @@ PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
 # it stopped at (before its first checkpoint, --resume starts afresh and says so).
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/metrics.jsonl $(call RUN_DIR,$(1))/checkpoints),--resume)
 
-.PHONY: help train test setup slurm data single bench bench-quick bench-tune results netstudy compare peer reproduce reproduce-status reproduce-stop venv-tf2.15 gpu-build-check chaos
+.PHONY: help train test setup slurm data single bench bench-against bench-quick bench-tune results netstudy compare peer reproduce reproduce-status reproduce-stop venv-tf2.15 gpu-build-check chaos
 train: setup data  ## train CONFIG (config_small) with NP (2) Horovod workers on this host
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
@@ -60,6 +60,12 @@ bench: setup data peer  ## words/sec of each config: 1 process, 2 workers, fp32 
 venv-tf2.15:  ## TensorFlow 2.15's stack in .venv-tf2.15, for make bench AGAINST=...
 	VENV=.venv-tf2.15 PYTHON=python3.11 REQUIREMENTS=scripts/requirements-tf2.15.txt \
 	    NO_DEPS_REQUIREMENTS= scripts/setup.sh
+
+# Only the rows run against another stack, in turns over 3 rounds: AGAINST is an interpreter, or
+# another checkout (another commit) with its own .venv, whose own trainers then run.
+bench-against: setup data  ## only the rows compared with AGAINST (an interpreter or a checkout)
+	$(PY) scripts/benchmark.py --against_only --against "$(AGAINST)" --data_path $(PTB_DATA_PATH) \
+	    --out runs/bench-against.json
 
 bench-quick: setup data peer  ## a shorter make bench
 	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))

@@ -509,34 +509,73 @@ def tune(args, launchers, n_rounds=3):
     return {"config": size, "cpu": cpu_model(), "rounds": rounds, **summary}
 
 
-AGAINST_ROWS = ("small_single_all_cores", "small_2ranks_1thread", "medium_single_all_cores")
+# the rows run with --against too: each config's single process in fp32 and in bf16, and small's
+# 2 ranks
+AGAINST_ROWS = tuple(f"{size}_{row}" for size in SIZES for row in ("single_all_cores",
+                                                                    "single_bf16")) + (
+    "small_2ranks_1thread",)
+TRAINERS = ("lm_ptb.py", "lm_ptb_distributed.py")
+
+# "TensorFlow X, Keras Y, Python Z" as a trainer of that checkout sees it: its utils first (which
+# picks the Keras), then Horovod (which the trainers need)
+STACK_PROBE = """
+import sys
+from utils import import_tensorflow
+tf = import_tensorflow()
+import horovod.tensorflow
+keras = tf.keras.__name__.split(".")[0]
+name = "tf-keras" if keras == "tf_keras" else "Keras"
+print(f"TensorFlow {tf.__version__}, {name} {__import__(keras).__version__}, "
+      f"Python {sys.version.split()[0]}")
+"""
 
 
-def this_stack():
-    tf = import_tensorflow()
-    return f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}"
-
-
-def other_stack(python):
-    """"TensorFlow X, Python Y" of another venv's interpreter, which must import Horovod too."""
-    probe = ("import sys, horovod.tensorflow, tensorflow as tf; "
-             "print(f'TensorFlow {tf.__version__}, Python {sys.version.split()[0]}')")
-    r = subprocess.run([python, "-c", probe], capture_output=True, text=True,
+def stack(python, code):
+    r = subprocess.run([python, "-c", STACK_PROBE], capture_output=True, text=True, cwd=code,
                        env=child_env(TF_CPP_MIN_LOG_LEVEL="3"))
     if r.returncode:
-        raise SystemExit(f"error: --against {python} cannot import TensorFlow and Horovod "
+        raise SystemExit(f"error: {python} cannot import TensorFlow and Horovod in {code} "
                          f"({(r.stderr.strip().splitlines() or ['no output'])[-1]}); make it "
-                         "with `make venv-tf2.15`")
+                         "with `make venv-tf2.15`, or scripts/setup.sh in that checkout")
     return r.stdout.strip()
 
 
-def with_runs_against(runs, python, stack):
-    """The runs, each of AGAINST_ROWS followed by the same run with the other interpreter."""
+def this_stack():
+    return stack(sys.executable, REPO)
+
+
+def against_target(against):
+    """(its interpreter, its checkout) of --against: an interpreter runs this checkout's code; a
+    checkout (a directory with its own .venv) runs its own code with its own venv."""
+    if os.path.isdir(against):
+        python = os.path.join(against, ".venv", "bin", "python")
+        if not os.access(python, os.X_OK):
+            raise SystemExit(f"error: --against {against} is a directory without .venv/bin/python;"
+                             " run scripts/setup.sh in that checkout first")
+        return python, os.path.abspath(against)
+    return against, REPO
+
+
+def other_stack(against):
+    """this_stack() of --against, and its commit if it is another checkout."""
+    python, code = against_target(against)
+    if code == REPO:
+        return stack(python, code)
+    commit = subprocess.run(["git", "-C", code, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "no git"
+    return f"{stack(python, code)}, at {commit}"
+
+
+def with_runs_against(runs, against, stack):
+    """The runs, each of AGAINST_ROWS followed by the same run on --against's stack (its
+    interpreter, and its trainers if it is another checkout)."""
+    python, code = against_target(against)
     out = {}
     for name, (launcher, *rest) in runs.items():
         out[name] = (launcher, *rest)
         if name in AGAINST_ROWS:
-            out[f"{name} ({stack})"] = ([python if part == sys.executable else part
+            out[f"{name} ({stack})"] = ([python if part == sys.executable else
+                                         os.path.join(code, part) if part in TRAINERS else part
                                          for part in launcher], *rest)
     return out
 
@@ -554,10 +593,74 @@ def write_result(result, path):
     print(f"  written to {path}")
 
 
+def trainer_runs(sizes, steps, launchers, peer):
+    """name: (launcher, config, steps, extra flags, copies side by side) of every trainer row."""
+    py, mpirun, dist = launchers
+    n_small = steps["small"]
+    runs = {  # name: (launcher, config, steps, extra flags, copies side by side)
+        "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", n_small // 2,
+                                ("--threads", "1"), 1),
+        # what each of the 2 ranks runs: half the rows, one core
+        "small_1rank_1thread_half_batch": (mpirun + ["-np", "1"] + dist, "config_small",
+                                           n_small // 2, half_batch("config_small"), 1),
+    }
+    for size in sizes:  # one process on all cores against 2 ranks of one thread, each config
+        n = steps[size]
+        runs[f"{size}_single_all_cores"] = (py + ["lm_ptb.py"], f"config_{size}", n, (), 1)
+        # small's 2 ranks run half the steps, as before; large's 60 are few windows already
+        n_ranks = n if size == "large" else n // 2
+        runs[f"{size}_2ranks_1thread"] = (mpirun + ["-np", "2"] + dist, f"config_{size}",
+                                          n_ranks, ("--threads", "1"), 1)
+        runs[f"{size}_2procs_half_batch_no_allreduce"] = no_allreduce_bound(py, f"config_{size}",
+                                                                            n_ranks)
+        # precision bf16, right after its fp32 run in each round
+        runs[f"{size}_single_bf16"] = (py + ["lm_ptb.py"], f"config_{size}", n, BF16, 1)
+        if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
+            runs[f"{size}_pytorch"] = ([peer, PEER_SCRIPT], f"config_{size}", n, (), 1)
+            runs[f"{size}_pytorch_bf16"] = ([peer, PEER_SCRIPT], f"config_{size}", n, BF16, 1)
+    return runs
+
+
+def against_ratios(rounds, stack):
+    """Ours / theirs, the median of the within-round ratios, for each AGAINST_ROWS row run."""
+    return {"stack": stack, "ours": this_stack(), "ratios": {
+        name: median_ratio(rounds, name, f"{name} ({stack})") for name in AGAINST_ROWS
+        if name in rounds[0]}}
+
+
+def measure_against(args, steps, launchers, cores):
+    """--against_only: the AGAINST_ROWS rows alone, ours and --against's in turns, in rounds."""
+    from utils.hardware import bf16_units
+    if not args.against:
+        raise SystemExit("error: --against_only needs --against (an interpreter, or a checkout "
+                         "with its own .venv); e.g. make bench-against AGAINST=../other-checkout")
+    stack = other_stack(args.against)
+    runs = {name: run for name, run in trainer_runs(SIZES, steps, launchers, None).items()
+            if name in AGAINST_ROWS}
+    rounds, summary = run_rounds(with_runs_against(runs, args.against, stack), args.rounds,
+                                 args.data_path)
+    return {"cores": cores, "cpu": cpu_model(), "bf16_units": bf16_units(),
+            "rounds": args.rounds, **summary, "against": against_ratios(rounds, stack)}
+
+
+def against_rows(result):
+    """(label, value) rows of the --against comparison: each row's words/sec on both stacks,
+    the within-round ratios and their median."""
+    stack, ours = result["against"]["stack"], result["against"]["ours"]
+    rows = [("ours / against", f"{ours} / {stack}")]
+    for name, ratio in result["against"]["ratios"].items():
+        theirs = result[f"{name} ({stack})"]
+        per_round = ", ".join(f"{a / b:.2f}" for a, b in zip(result[name]["wps_per_round"],
+                                                             theirs["wps_per_round"]))
+        rows.append((f"{name}, ours / against",
+                     f"{result[name]['wps']:,.0f} / {theirs['wps']:,.0f} wps: {ratio:.2f}x "
+                     f"(rounds: {per_round})"))
+    return rows
+
+
 def measure_all(args, sizes, steps, launchers, cores):
     """The full benchmark (or --quick): the ceilings, floors, profiles and every trainer row in
     rounds, and the ratios between rows; the result that write_result keeps."""
-    py, mpirun, dist = launchers
     from utils.hardware import bf16_units
     peer = find_peer(args.peer_python)
     against = other_stack(args.against) if args.against else None
@@ -583,35 +686,13 @@ def measure_all(args, sizes, steps, launchers, cores):
         result[f"{size}_bf16_matmul_floor_ms"] = matmul_floor(
             config.load_config(f"config_{size}"), reps, n_rounds + 2, dtype="bf16")
         result[f"{size}_bf16_wps_ceiling"] = gflops_bf16 * 1e9 / result[f"{size}_flops_per_word"]
-    n_small = steps["small"]
-    runs = {  # name: (launcher, config, steps, extra flags, copies side by side)
-        "small_1rank_1thread": (mpirun + ["-np", "1"] + dist, "config_small", n_small // 2,
-                                ("--threads", "1"), 1),
-        # what each of the 2 ranks runs: half the rows, one core
-        "small_1rank_1thread_half_batch": (mpirun + ["-np", "1"] + dist, "config_small",
-                                           n_small // 2, half_batch("config_small"), 1),
-    }
-    for size in sizes:  # one process on all cores against 2 ranks of one thread, each config
-        n = steps[size]
-        runs[f"{size}_single_all_cores"] = (py + ["lm_ptb.py"], f"config_{size}", n, (), 1)
-        # small's 2 ranks run half the steps, as before; large's 60 are few windows already
-        n_ranks = n if size == "large" else n // 2
-        runs[f"{size}_2ranks_1thread"] = (mpirun + ["-np", "2"] + dist, f"config_{size}",
-                                          n_ranks, ("--threads", "1"), 1)
-        runs[f"{size}_2procs_half_batch_no_allreduce"] = no_allreduce_bound(py, f"config_{size}",
-                                                                            n_ranks)
-        # precision bf16, right after its fp32 run in each round
-        runs[f"{size}_single_bf16"] = (py + ["lm_ptb.py"], f"config_{size}", n, BF16, 1)
-        if peer:  # the same model in PyTorch, timed in the same rounds, right after ours
-            runs[f"{size}_pytorch"] = ([peer, PEER_SCRIPT], f"config_{size}", n, (), 1)
-            runs[f"{size}_pytorch_bf16"] = ([peer, PEER_SCRIPT], f"config_{size}", n, BF16, 1)
+    runs = trainer_runs(sizes, steps, launchers, peer)
     if against:
         runs = with_runs_against(runs, args.against, against)
     rounds, summary = run_rounds(runs, n_rounds, args.data_path)
     result.update(summary)
     if against:
-        result["against"] = {"stack": against, "ours": this_stack(), "ratios": {
-            name: median_ratio(rounds, name, f"{name} ({against})") for name in AGAINST_ROWS}}
+        result["against"] = against_ratios(rounds, against)
     if peer:
         result["layer_vs_pytorch"] = layer_vs_peer(peer, n_rounds, reps)
         for size in sizes:
@@ -710,10 +791,7 @@ def report_rows(result, sizes):
                      f"({100 * r['valid_share, training layout']:.1f} %) "
                      f"of {r['train_epoch_s']:.0f} s"))
     if against:
-        for name, ratio in result["against"]["ratios"].items():
-            rows.append((f"{name}: {result['against']['ours']} / {against}",
-                         f"{result[name]['wps']:,.0f} / {result[f'{name} ({against})']['wps']:,.0f}"
-                         f" wps: {ratio:.2f}x"))
+        rows += against_rows(result)
     rows += [(f"small step profile: {name}", f"{ms:.1f} ms") for name, ms in profile.items()]
     rows += [(f"fwd+bwd {name}", f"{ms:.1f} ms") for name, ms in ablation.items()]
     return rows
@@ -739,8 +817,14 @@ def main(argv=None):
     p.add_argument("--peer_python", default=os.path.join(REPO, ".venv-peer", "bin", "python"),
                    help="interpreter with PyTorch for the peer rows ('' to leave them out)")
     p.add_argument("--against", default="",
-                   help="another venv's interpreter (another TensorFlow, say: make venv-tf2.15): "
-                        "the trainer rows run by it too, in turns with ours, and their ratios")
+                   help="another venv's interpreter (another TensorFlow, say: make venv-tf2.15), "
+                        "or another checkout with its own .venv (another commit: its trainers "
+                        "run): each config's single process in fp32 and bf16 and small's 2 ranks "
+                        "run on it too, in turns with ours, and their ratios")
+    p.add_argument("--against_only", action="store_true",
+                   help="only those rows, ours and --against's, in --rounds rounds (about 8 "
+                        "minutes a round on a 2-core EPYC with avx512_bf16)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of --against_only")
     args = p.parse_args(argv)
     sizes = ("small", "medium") if args.quick else SIZES
     # steps a run, at 10 steps a window (the first one, tracing, left out)
@@ -786,6 +870,13 @@ def main(argv=None):
             print(f"  {name:<72} {ms:6.1f}")
         return None
 
+    if args.against_only:
+        result = measure_against(args, steps, (py, mpirun, dist), cores)
+        print(f"\nours against {result['against']['stack']} ({cores} cores, {cpu_model()}, "
+              f"bf16 units: {', '.join(result['bf16_units']) or 'none'}; {args.rounds} rounds in "
+              "turns; ratios are medians of within-round ratios)")
+        print("\n".join(table_lines(against_rows(result))))
+        return write_result(result, args.out)
     result = measure_all(args, sizes, steps, (py, mpirun, dist), cores)
     print(f"\nbenchmark ({'quick' if args.quick else 'full'}, {cores} cores, {cpu_model()}, "
           f"{result['rounds']} round{'s' if result['rounds'] > 1 else ''}; ratios are medians "
