@@ -19,6 +19,36 @@ def check_keras():
                             "first (and for tf-keras, install requirements-no-deps.txt)")
 
 
+if KERAS3:
+    from tensorflow.python.ops import gen_training_ops  # the fused update tf-keras's SGD used
+
+    class SGD(tf.keras.optimizers.SGD):
+        """Keras 3's SGD with tf-keras's kernels. Its global-norm clip multiplies the
+        embedding's sparse gradient into a dense [vocab, hidden] one each step, and its update
+        multiplies, then subtracts: up to 7 % fewer words/sec than tf-keras (docs/keras3.md).
+        Keras's TF backend already clips by norm with tf.clip_by_norm for sparse gradients; this
+        clips by global norm with tf.clip_by_global_norm, and steps a dense weight in one fused
+        kernel and a sparse one by its rows, as tf-keras did."""
+
+        def _clip_gradients(self, grads):
+            if self.global_clipnorm and not self.clipnorm and not self.clipvalue:
+                return tf.clip_by_global_norm(grads, self.global_clipnorm)[0]
+            return super()._clip_gradients(grads)
+
+        def update_step(self, gradient, variable, learning_rate):
+            if self.momentum:
+                return super().update_step(gradient, variable, learning_rate)
+            if isinstance(variable, tf.keras.Variable):
+                variable = variable.value
+            lr = tf.cast(learning_rate, variable.dtype)
+            if isinstance(gradient, tf.IndexedSlices):
+                return variable.scatter_sub(tf.IndexedSlices(
+                    tf.cast(gradient.values, variable.dtype) * lr, gradient.indices,
+                    gradient.dense_shape))
+            return gen_training_ops.ResourceApplyGradientDescent(
+                var=variable.handle, alpha=lr, delta=tf.cast(gradient, variable.dtype))
+
+
 def make_optimizer(cfg):
     """SGD that clips the gradient by its global norm, then steps. Horovod's DistributedOptimizer
     averages the ranks' gradients before that clip (Keras 2: in minimize(), Keras 3: in apply(),
@@ -26,8 +56,7 @@ def make_optimizer(cfg):
     update equals the single-process one."""
     check_keras()
     if KERAS3:
-        return tf.keras.optimizers.SGD(learning_rate=cfg["learning_rate"],
-                                       global_clipnorm=cfg["max_grad_norm"])
+        return SGD(learning_rate=cfg["learning_rate"], global_clipnorm=cfg["max_grad_norm"])
     return tf.keras.optimizers.legacy.SGD(learning_rate=cfg["learning_rate"],
                                           global_clipnorm=cfg["max_grad_norm"])
 
