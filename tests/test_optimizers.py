@@ -12,9 +12,8 @@ tf = import_tensorflow()
 def one_update(max_grad_norm, step=None):
     """w = [1, 2] with gradient [3, 0]; E (3 x 2) with the rows [0, 2] and [0, 2], both at
     index 1 (a word seen twice): [0, 4] on row 1. The update is compiled, as the trainers' is."""
-    w = tf.keras.Variable([1.0, 2.0]) if hasattr(tf.keras, "Variable") else tf.Variable([1.0, 2.0])
-    e = (tf.keras.Variable if hasattr(tf.keras, "Variable") else tf.Variable)(
-        np.arange(6, dtype=np.float32).reshape(3, 2))
+    variable = getattr(tf.keras, "Variable", tf.Variable)  # Keras 3's, or tf-keras's plain one
+    w, e = variable([1.0, 2.0]), variable(np.arange(6, dtype=np.float32).reshape(3, 2))
     optimizer = make_optimizer({"learning_rate": 0.5, "max_grad_norm": max_grad_norm})
     create_slots(optimizer, [w, e])
 
@@ -25,7 +24,7 @@ def one_update(max_grad_norm, step=None):
         optimizer.apply_gradients([(tf.constant([3.0, 0.0]), w), (sparse, e)])
     update()
     ops = {op.type for op in update.get_concrete_function().graph.get_operations()}
-    return np.array(w), np.array(e), ops
+    return w.numpy(), e.numpy(), ops
 
 
 def test_the_global_norm_clip_scales_both_gradients_and_the_step_is_lr_times_that():
@@ -59,5 +58,5 @@ def test_the_same_update_as_keras_own_sgd():
     keras_sgd = tf.keras.optimizers.SGD(learning_rate=0.5, global_clipnorm=1.0)
     keras_sgd.apply_gradients([(tf.constant([3.0, 0.0]), w), (tf.IndexedSlices(
         tf.constant([[0.0, 2.0], [0.0, 2.0]]), tf.constant([1, 1]), tf.constant([3, 2])), e)])
-    np.testing.assert_allclose(ours[0], np.array(w), rtol=1e-6)
-    np.testing.assert_allclose(ours[1], np.array(e), rtol=1e-6)
+    np.testing.assert_allclose(ours[0], w.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(ours[1], e.numpy(), rtol=1e-6)
