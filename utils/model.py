@@ -191,7 +191,7 @@ class PTBModel(tf.keras.Model):
         The masks are a function of it alone (stateless random ops), so a run resumed from a
         checkpoint draws the masks the uninterrupted run drew (see train_steps.noise_seed).
         """
-        x = self._dropout(self.embedding(inputs), training, noise_seed, 0)
+        x = self._dropout(self._embed(inputs), training, noise_seed, 0)
         new_state = []
         for layer, (lstm, (h, c)) in enumerate(zip(self.lstms, state), start=1):
             if self.lstm_impl != "keras" and lstm.built and x.shape[1] is not None:
@@ -204,6 +204,16 @@ class PTBModel(tf.keras.Model):
             x = self._dropout(x, training, noise_seed, layer)
             new_state.append((h, c))
         return self._logits(x), tuple(new_state)
+
+    def _embed(self, ids):
+        """The embedding's rows for ids, gathered from the variable itself (ResourceGather), as
+        tf-keras's Embedding did. Keras 3's reads the whole table into a tensor first, then
+        gathers: 2-3 % of small's train step, timed in turns (docs/keras3.md)."""
+        if not self.embedding.built:
+            self.embedding.build((None, None))
+        table = self.embedding.embeddings
+        return tf.nn.embedding_lookup(table if isinstance(table, tf.Variable) else table.value,
+                                      ids)
 
     def _logits(self, x):
         if self.compute == tf.float32 or not self.softmax.built:  # fp32, or the build call
