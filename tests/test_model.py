@@ -23,6 +23,27 @@ def test_shapes(model):
     assert len(state) == 2 and all(h.shape == c.shape == (3, 16) for h, c in state)
 
 
+def test_the_embedding_rows_are_gathered_from_the_variable_not_a_read_of_the_table(model):
+    """Keras 3's Embedding reads the whole table, then gathers: 2-3 % of small's train step
+    (results/bench/steptime-keras3-1210). Its rows and their gradient are the same."""
+    ids = tf.constant([[3, 1, 3]])
+
+    @tf.function(autograph=False)
+    def rows():
+        with tf.GradientTape() as tape:
+            out = model._embed(ids)
+            loss = tf.reduce_sum(out * tf.range(16, dtype=tf.float32))
+        return out, tape.gradient(loss, model.embedding.trainable_variables[0])
+    out, grad = rows()
+    ops = [op.type for op in rows.get_concrete_function().graph.get_operations()]
+    assert "ResourceGather" in ops and "GatherV2" not in ops, ops
+    table = model.embedding.trainable_variables[0].numpy()
+    np.testing.assert_array_equal(out.numpy()[0], table[[3, 1, 3]])
+    dense = tf.convert_to_tensor(grad).numpy()  # row 3 twice, row 1 once, the rest none
+    np.testing.assert_array_equal(dense[[3, 1, 0]], [2 * np.arange(16), np.arange(16),
+                                                     np.zeros(16)])
+
+
 def test_state_carries_across_windows(model):
     x = tf.constant(np.random.RandomState(0).randint(0, 50, size=(2, 8)), tf.int32)
     whole, whole_state = model(x, model.zero_state(2))
