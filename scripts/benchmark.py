@@ -822,8 +822,8 @@ def main(argv=None):
                         "run): each config's single process in fp32 and bf16 and small's 2 ranks "
                         "run on it too, in turns with ours, and their ratios")
     p.add_argument("--against_only", action="store_true",
-                   help="only those rows, ours and --against's, in --rounds rounds (about 8 "
-                        "minutes a round on a 2-core EPYC with avx512_bf16)")
+                   help="only those rows, ours and --against's, in --rounds rounds (5-6 minutes "
+                        "a round on a 2-core EPYC with avx512_bf16)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of --against_only")
     args = p.parse_args(argv)
     sizes = ("small", "medium") if args.quick else SIZES

@@ -208,7 +208,7 @@ class PTBModel(tf.keras.Model):
     def _embed(self, ids):
         """The embedding's rows for ids, gathered from the variable itself (ResourceGather), as
         tf-keras's Embedding did. Keras 3's reads the whole table into a tensor first, then
-        gathers: 2-3 % of small's train step, timed in turns (docs/keras3.md)."""
+        gathers: 2.7-4.2 % of small's train step, timed in turns (docs/keras3.md)."""
         if not self.embedding.built:
             self.embedding.build((None, None))
         table = self.embedding.embeddings

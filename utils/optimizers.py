@@ -25,7 +25,8 @@ if KERAS3:
     class SGD(tf.keras.optimizers.SGD):
         """Keras 3's SGD with tf-keras's kernels. Its global-norm clip multiplies the
         embedding's sparse gradient into a dense [vocab, hidden] one each step, and its update
-        multiplies, then subtracts: up to 7 % fewer words/sec than tf-keras (docs/keras3.md).
+        multiplies, then subtracts: medium trained at 0.95x tf-keras's words/sec with it, 1.00x
+        with this (make bench-against, docs/keras3.md).
         Keras's TF backend already clips by norm with tf.clip_by_norm for sparse gradients; this
         clips by global norm with tf.clip_by_global_norm, and steps a dense weight in one fused
         kernel and a sparse one by its rows, as tf-keras did."""
