@@ -6,7 +6,7 @@ tmpfs; or, with --launcher mpirun, lm_ptb_distributed.py under mpirun on the sam
 relaunched with --resume after each failure as a scheduler would. Faults come one at a time, each
 once the job trains again after the one before and a gap; their order and gaps drawn from a seed
 (printed), each kind at least --each times. A job that finishes with faults still to come is
-relaunched for one more epoch (the reference trains as many). Then it checks: the epochs all
+relaunched with the epochs the next fault needs (the reference trains as many). Then it checks: the epochs all
 ran, the final valid perplexity is the uninterrupted run's (lm_ptb_distributed.py, the same
 global batches), no process of the run is left, every checkpoint on disk loads, metrics.jsonl
 is whole, every fault had a line of the trainer's own on the console, and no worker gave up its
@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import glob
 import json
+import math
 import os
 import random
 import re
@@ -47,22 +48,27 @@ COOLDOWN_S = (2, 4)  # horovodrun's --blacklist-cooldown-range: a failed host ma
 LOG_EVERY = 10
 COMMIT_EVERY = 20  # checkpoint_every: a reset or a relaunch loses at most this many steps
 # The job's length: about what a fault, its recovery and a gap take on a slow CPU (10 faults took
-# 1,260 steps on an AVX2-only EPYC). A job that finishes with faults to come trains one more
-# epoch, up to MAX_EPOCHS, so a fast CPU's job grows to what it needs, and a slow one's fault-free
-# tail and uninterrupted reference stay short.
+# 1,260 steps on an AVX2-only EPYC). A job that finishes with faults to come trains the epochs
+# the next fault needs (epochs_to_add), up to MAX_EPOCHS, so a fast CPU's job grows to what it
+# needs, and a slow one's fault-free tail and uninterrupted reference stay short.
 STEPS_PER_FAULT = 150
 GAP_S = (1, 4)  # seconds of training at full size between one fault's recovery and the next
 EPOCHS = 3
-MAX_EPOCHS = 9
+MAX_EPOCHS = 15
 # An epoch, the one a relaunch adds above all, holds a gap and a fault's recovery on a fast CPU
 # (2 workers train the tiny model at ~60 steps/s on an EPYC with AVX-512, one alone at ~100).
 MIN_EPOCH_STEPS = 250
 DISK_MB = 64
 # A fault needs training left to act on: one injected as the job ends may find nothing to hit (a
 # full disk after the last write: stop 62's CI). So a fault waits while the job has less than
-# this left at its pace; the job then finishes and trains one more epoch for it. It is the
+# this left at its pace; the job then finishes and trains more epochs for it. It is the
 # longest fault the training goes on through (host_leaves, up to 10 s), and a little more.
 TAIL_S = 12
+# A fault with a rejoin (kill_in_reset, blip_in_reset) needs the survivor still training when
+# the driver's replacement starts, and kill_in_reset waits 3-12 s more before its second kill:
+# 9-18 s from the first kill to the second in the chaos reports of results/studies/chaos/, while
+# the survivor alone goes through steps about twice as fast as two workers do.
+REJOIN_TAIL_S = 3 * TAIL_S
 
 # What each kind does, and which launchers it applies to.
 KINDS = {
@@ -236,9 +242,9 @@ def events(out):
     return found
 
 
-def seconds_left(events, per_epoch, epochs):
-    """Seconds of training the job has left at the pace of its last three progress lines; None
-    before it has two, or when they do not move forward (a reset between them)."""
+def pace(events, per_epoch):
+    """(global step, seconds a step) at the job's last three progress lines; None before it has
+    two, or when they do not move forward (a reset between them)."""
     progress = [(e["time"], global_step(e["epoch"], e["step"], per_epoch))
                 for e in events if e["event"] == "progress"][-3:]
     if len(progress) < 2:
@@ -246,7 +252,31 @@ def seconds_left(events, per_epoch, epochs):
     (t0, g0), (t1, g1) = progress[0], progress[-1]
     if g1 <= g0 or t1 <= t0:
         return None
-    return (epochs * per_epoch - g1) * (t1 - t0) / (g1 - g0)
+    return g1, (t1 - t0) / (g1 - g0)
+
+
+def seconds_left(events, per_epoch, epochs):
+    """Seconds of training the job has left at the pace of its last three progress lines; None
+    when that pace is not known."""
+    known = pace(events, per_epoch)
+    if known is None:
+        return None
+    step, seconds = known
+    return (epochs * per_epoch - step) * seconds
+
+
+def tail_s(kind):
+    """The training a fault of this kind needs left when it comes."""
+    return REJOIN_TAIL_S if kind in ("kill_in_reset", "blip_in_reset") else TAIL_S
+
+
+def epochs_to_add(events, per_epoch, kind, gap_s):
+    """Epochs a relaunch adds for the next fault: its gap and its tail at the finished launch's
+    pace, and a few seconds for the relaunch's first steps; one when that pace is not known."""
+    known = pace(events, per_epoch)
+    if known is None:
+        return 1
+    return max(1, math.ceil((gap_s + tail_s(kind) + 5) / (per_epoch * known[1])))
 
 
 def position(out):
@@ -517,18 +547,25 @@ def drive(job, inject, pending, report, deadline):
             if job.proc.returncode == 0:
                 # A lone worker trains the tiny model at ~100 steps/s here: while a fault
                 # waits for the driver to grow the job back, the last steps can run out.
-                if not pending or job.epochs == MAX_EPOCHS:
+                if not pending or job.epochs >= MAX_EPOCHS:
                     return pending
-                job.epochs += 1
+                (kind, gap), before = pending[0], job.epochs
+                job.epochs = min(MAX_EPOCHS, job.epochs + epochs_to_add(
+                    events(job.out), report["steps_per_epoch"], kind, gap))
                 say(f"the job finished with {len(pending)} faults still to come: relaunched "
-                    f"with --resume for one more epoch, {job.epochs} in all")
+                    f"with --resume for {job.epochs - before} more epoch(s), {job.epochs} in all")
             else:
                 say(f"the job ended with status {job.proc.returncode}: relaunched with "
                     "--resume, as a scheduler would")
             job.end()  # nothing of it may stay (a worker on the other host)
             job.start()
+            # The next fault waits for this launch's own training: the last launch's progress
+            # lines would let it in while the workers start (stop 71's CI: kill_in_reset hit a
+            # relaunch before its first step three times, and never came as itself).
+            since = time.time()
             continue
-        if pending and job.recovered(since, pending[0][1]) and job_goes_on(job, report):
+        if pending and job.recovered(since, pending[0][1]) and job_goes_on(
+                job, report, pending[0][0]):
             since = inject_next(job, inject, pending, report)
             continue
         time.sleep(0.2)
@@ -536,10 +573,11 @@ def drive(job, inject, pending, report, deadline):
     return pending
 
 
-def job_goes_on(job, report):
-    """Whether the job has TAIL_S of training left (or its pace is not known yet)."""
+def job_goes_on(job, report, kind):
+    """Whether the job has the training left that this kind of fault needs (or its pace is not
+    known yet)."""
     left = seconds_left(events(job.out), report["steps_per_epoch"], job.epochs)
-    return left is None or left >= TAIL_S
+    return left is None or left >= tail_s(kind)
 
 
 def inject_next(job, inject, pending, report):

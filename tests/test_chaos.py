@@ -43,6 +43,17 @@ def test_a_fault_waits_out_the_jobs_last_seconds():
     assert chaos.seconds_left(reset, 100, 3) is None
 
 
+def test_a_relaunch_adds_the_epochs_the_next_fault_needs():
+    # 100 steps an epoch at 0.1 s a step: 10 s an epoch
+    progress = [{"event": "progress", "epoch": 3, "step": s, "time": t}
+                for s, t in ((80, 10.0), (90, 11.0), (100, 12.0))]
+    assert chaos.epochs_to_add(progress, 100, "kill", 3.0) == 2  # 3 + 12 + 5 s
+    assert chaos.epochs_to_add(progress, 100, "link_cut", 4.0) == 3  # 4 + 12 + 5 s: 2.1 epochs
+    assert chaos.epochs_to_add(progress, 100, "kill_in_reset", 3.0) == 5  # 3 + 36 + 5 s
+    assert chaos.epochs_to_add(progress[:1], 100, "kill", 3.0) == 1  # its pace not known
+    assert chaos.tail_s("blip_in_reset") == chaos.tail_s("kill_in_reset") > chaos.tail_s("term")
+
+
 def hand_made_report(faults, aborts):
     """A finished run with these faults (kind, injected at time t) and abort lines (time, line),
     every other check holding."""
