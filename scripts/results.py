@@ -71,8 +71,10 @@ def load(name):
         run = json.load(f)
     with open(os.path.join(folder, "metrics.jsonl")) as f:
         events = [json.loads(line) for line in f]
-    run.update(name=name, events=events, config=events[0]["config"],
-               workers=events[0]["world_size"])
+    # the config it trains under now: a resume may have lengthened the schedule, or changed
+    # more with --change_config, and logged the config it went on with
+    newest = [e["config"] for e in events if "config" in e][-1]
+    run.update(name=name, events=events, config=newest, workers=events[0]["world_size"])
     return run
 
 

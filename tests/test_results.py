@@ -1,4 +1,5 @@
 """scripts/results.py: the README table from run logs, on hand-made logs and on the committed ones."""
+import json
 import os
 import subprocess
 
@@ -291,3 +292,17 @@ def test_a_keras3_run_is_a_row_of_its_own_beside_the_tf_keras_run_of_the_same_ro
         "| small | 2 | test | 57.42 | 58.00 | -1.00 % |"]
     # the tf-keras tables of results/README.md keep to tf-keras: no "two runs of a row" refusal
     assert len(results.table(results.fp32_only(results.tf_keras_only([legacy, keras3])))) == 3
+
+
+def test_a_run_is_read_under_the_config_of_its_newest_start(tmp_path, monkeypatch):
+    # started for 1 epoch, resumed to the paper's 13 with --set num_epochs=13
+    folder = tmp_path / "small-1workers"
+    folder.mkdir()
+    (folder / "run.json").write_text('{"kind": "full", "command": "c", "env": {}}')
+    starts = [{"event": "start", "world_size": 1, "config": {"name": "config_small",
+                                                            "num_epochs": n}} for n in (1, 13)]
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps(e) + "\n" for e in (starts[0], epoch(1, 300.0, 200.0, 60.0), starts[1])))
+    monkeypatch.setattr(results, "RUNS", str(tmp_path))
+    run = results.load("small-1workers")
+    assert run["config"]["num_epochs"] == 13 and run["workers"] == 1
