@@ -1,5 +1,6 @@
 """Resume equals the uninterrupted run, dropout included, and a stop at any point of an epoch
 leaves one line per epoch: real processes, real signals, real checkpoints."""
+import contextlib
 import os
 import shutil
 import signal
@@ -393,8 +394,8 @@ def kill_when(job, ready, timeout=150):
             assert job.poll() is None, job.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "the run never reached the point to kill it at"
             time.sleep(0.05)
-    finally:
-        if job.poll() is None:
+    finally:  # the whole group, though mpirun has gone: a rank may outlive it
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
         job.wait()
 
