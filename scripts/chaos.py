@@ -6,11 +6,11 @@ tmpfs; or, with --launcher mpirun, lm_ptb_distributed.py under mpirun on the sam
 relaunched with --resume after each failure as a scheduler would. Faults come one at a time, each
 once the job trains again after the one before and a gap; their order and gaps drawn from a seed
 (printed), each kind at least --each times. A job that finishes with faults still to come is
-relaunched with the epochs the next fault needs (the reference trains as many). Then it checks: the epochs all
-ran, the final valid perplexity is the uninterrupted run's (lm_ptb_distributed.py, the same
-global batches), no process of the run is left, every checkpoint on disk loads, metrics.jsonl
-is whole, every fault had a line of the trainer's own on the console, and no worker gave up its
-rendezvous in a link blip shorter than Gloo's timeout. docs/reliability.md.
+relaunched with the epochs the next fault needs (the reference trains as many). Then it checks:
+the epochs all ran, the final valid perplexity is the uninterrupted run's (lm_ptb_distributed.py,
+the same global batches), no process of the run is left, every checkpoint on disk loads,
+metrics.jsonl is whole, every fault had a line of the trainer's own on the console, and no worker
+gave up its rendezvous in a link blip shorter than Gloo's timeout. docs/reliability.md.
 
     sudo make chaos                                   # about 10 minutes, a new seed
     .venv/bin/python scripts/chaos.py --seed 7 --minutes 3 --faults kill,link_cut
@@ -69,6 +69,7 @@ TAIL_S = 12
 # 9-18 s from the first kill to the second in the chaos reports of results/studies/chaos/, while
 # the survivor alone goes through steps about twice as fast as two workers do.
 REJOIN_TAIL_S = 3 * TAIL_S
+RELAUNCH_S = 5  # a relaunch's first steps, slower than the pace it is planned at
 
 # What each kind does, and which launchers it applies to.
 KINDS = {
@@ -272,11 +273,11 @@ def tail_s(kind):
 
 def epochs_to_add(events, per_epoch, kind, gap_s):
     """Epochs a relaunch adds for the next fault: its gap and its tail at the finished launch's
-    pace, and a few seconds for the relaunch's first steps; one when that pace is not known."""
+    pace, and RELAUNCH_S for the relaunch's first steps; one when that pace is not known."""
     known = pace(events, per_epoch)
     if known is None:
         return 1
-    return max(1, math.ceil((gap_s + tail_s(kind) + 5) / (per_epoch * known[1])))
+    return max(1, math.ceil((gap_s + tail_s(kind) + RELAUNCH_S) / (per_epoch * known[1])))
 
 
 def position(out):
