@@ -9,6 +9,7 @@ are deleted whatever happens.
 import contextlib
 import fcntl
 import heapq
+import itertools
 import os
 import re
 import select
@@ -17,14 +18,16 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIDR = "192.0.2.0/24"
+_PAIRS_MADE = itertools.count()  # this process's pairs, for unique names
 
 
 def sh(*cmd):
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
 
 
 @contextlib.contextmanager
@@ -32,8 +35,7 @@ def namespaces(device_prefix):
     """Two fresh namespaces with loopback up. Yields [(namespace, address, device name)] for
     hosts a and b; the caller makes the devices. Afterwards the namespaces go, and with them
     the devices moved into them; a device still outside (setup failed first) is deleted too."""
-    delete_orphans()
-    tag = f"{os.getpid()}x{uuid.uuid4().hex[:2]}"  # device names stay under 16 characters
+    tag = fresh_tag(delete_orphans())
     hosts = [(f"ptb{tag}{h}", address, f"{device_prefix}{tag}{h}")
              for h, address in (("a", "192.0.2.1"), ("b", "192.0.2.2"))]
     try:
@@ -47,14 +49,32 @@ def namespaces(device_prefix):
             subprocess.run(["ip", "link", "del", "dev", device], capture_output=True)
 
 
+def fresh_tag(taken, pid=None):
+    """The tag "<pid>x<2 hex digits>" of a new pair, its namespaces "ptb<tag>a" and "ptb<tag>b"
+    in none of taken. The digits count this process's pairs: a random pick collided 1 time in
+    256 when one process held two pairs at once (the two-host test does), and the second
+    `ip netns add` failed. Device names ("vp<tag>a") stay under 16 characters."""
+    pid = os.getpid() if pid is None else pid
+    for _ in range(256):
+        tag = f"{pid}x{next(_PAIRS_MADE) % 256:02x}"
+        if not {f"ptb{tag}a", f"ptb{tag}b"} & set(taken):
+            return tag
+    raise RuntimeError(f"all 256 namespace pairs of pid {pid} exist; delete them with "
+                       f"`ip netns del` (`ip netns list` shows them)")
+
+
 def delete_orphans():
     """Delete the namespaces of a run that was killed before it could (SIGKILL, a session's
-    end): their name holds the pid of the process that made them."""
+    end): their name holds the pid of the process that made them. Returns those left."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    left = []
     for ns in (line.split()[0] for line in listed.splitlines() if line.strip()):
         made_by = re.fullmatch(r"ptb(\d+)x[0-9a-f]{2}[ab]", ns)
         if made_by and not alive(int(made_by.group(1))):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        else:
+            left.append(ns)
+    return left
 
 
 def alive(pid):

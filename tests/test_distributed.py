@@ -171,6 +171,19 @@ def test_ranks_with_other_data_or_flags_stop_all(what, ptb_path, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_pairs_made_by_one_process_are_named_apart():
+    """Two pairs at once in one process (the fixture below) once drew the same random suffix and
+    the second `ip netns add` failed (CI, stop 72). The suffix counts pairs instead, and skips
+    names still taken."""
+    tags = [twohosts.fresh_tag([]) for _ in range(256)]
+    assert len(set(tags)) == 256
+    taken = [f"ptb7x{i:02x}{h}" for i in range(256) for h in "ab" if i != 0x2a]
+    assert twohosts.fresh_tag(taken, pid=7) == "7x2a"
+    taken.append("ptb7x2ab")  # one of the pair taken makes the pair taken
+    with pytest.raises(RuntimeError, match="all 256 namespace pairs of pid 7 exist"):
+        twohosts.fresh_tag(taken, pid=7)
+
+
 @pytest.fixture
 def hosts():
     """Two hosts, made while another pair with the same two addresses exists (another run's)."""
