@@ -54,10 +54,10 @@ def fresh_tag(taken, pid=None):
     in none of taken. The digits count this process's pairs: a random pick collided 1 time in
     256 when one process held two pairs at once (the two-host test does), and the second
     `ip netns add` failed. Device names ("vp<tag>a") stay under 16 characters."""
-    pid = os.getpid() if pid is None else pid
+    pid, taken = os.getpid() if pid is None else pid, set(taken)
     for _ in range(256):
         tag = f"{pid}x{next(_PAIRS_MADE) % 256:02x}"
-        if not {f"ptb{tag}a", f"ptb{tag}b"} & set(taken):
+        if not {f"ptb{tag}a", f"ptb{tag}b"} & taken:
             return tag
     raise RuntimeError(f"all 256 namespace pairs of pid {pid} exist; delete them with "
                        f"`ip netns del` (`ip netns list` shows them)")
