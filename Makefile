@@ -95,16 +95,19 @@ bench-tune: setup data  ## Horovod's settings for 2 ranks on this host, for CONF
 # ARGS: --set KEY=VALUE and --change_config, passed to the trainer.
 REPRODUCE_RUNS = $(abspath $(RUNS))/reproduce
 RESULTS ?= results/runs
-reproduce: setup data  ## start or continue a results row in the background (RUNS, CONFIG, NP, PRECISION)
-	$(PY) scripts/reproduce.py start --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
+# SEED: the trainer's --seed (default 1234); each seed's run has its folders of its own.
+REPRODUCE_RUN = --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
+	$(if $(SEED),--seed $(SEED))
+reproduce: setup data  ## start or continue a results row in the background (RUNS, CONFIG, NP, PRECISION, SEED)
+	$(PY) scripts/reproduce.py start $(REPRODUCE_RUN) \
 	    --data_path $(PTB_DATA_PATH) --runs_dir $(REPRODUCE_RUNS) --results_dir $(abspath $(RESULTS)) $(ARGS)
 
 reproduce-status:  ## its epoch, perplexity and ETA; copies its logs to results/
-	@$(PY) scripts/reproduce.py status --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
+	@$(PY) scripts/reproduce.py status $(REPRODUCE_RUN) \
 	    --runs_dir $(REPRODUCE_RUNS) --results_dir $(abspath $(RESULTS))
 
 reproduce-stop:  ## stop it after the current step, keeping the newest checkpoint
-	@$(PY) scripts/reproduce.py stop --config $(CONFIG) --np $(NP) $(if $(PRECISION),--precision $(PRECISION)) \
+	@$(PY) scripts/reproduce.py stop $(REPRODUCE_RUN) \
 	    --runs_dir $(REPRODUCE_RUNS)
 
 results: setup  ## rebuild README's results table and results/README.md from results/

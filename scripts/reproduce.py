@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
-from scripts.results import epoch_time  # noqa: E402
+from scripts.results import epoch_time, newest_config  # noqa: E402
 from utils import KERNEL_DEFAULTS, config  # noqa: E402
 
 DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs
@@ -65,6 +65,9 @@ def parse_args(argv):
                    help="the matmuls' precision (default: the config's); a bf16 run has folders "
                         "of its own")
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
+    p.add_argument("--seed", type=int, default=None,
+                   help=f"passed to the trainer (default: its {config.DEFAULT_SEED}); a run of "
+                        "another seed has folders of its own")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
     p.add_argument("--wait_s", type=float, default=FIRST_LINE_WAIT_S,
@@ -77,27 +80,69 @@ def parse_args(argv):
 
 
 def names(args):
-    """(the run folder, the results folder) of this config, worker count and precision."""
+    """(the run folder, the results folder) of this config, worker count, precision and seed."""
     size = os.path.basename(args.config).removesuffix(".py").removeprefix("config_")
     bf16 = "-bf16" if args.precision == "bf16" else ""
-    return (os.path.join(args.runs_dir, f"{size}-np{args.np}{bf16}"),
-            os.path.join(args.results_dir, f"{size}-{args.np}workers{bf16}"))
+    seed = f"-seed{args.seed}" if other_seed(args) else ""
+    return (os.path.join(args.runs_dir, f"{size}-np{args.np}{bf16}{seed}"),
+            os.path.join(args.results_dir, f"{size}-{args.np}workers{bf16}{seed}"))
 
 
-def make_command(args, settings=None, checkout=REPO):
+def other_seed(args):
+    """Whether the run has a --seed other than the trainer's default."""
+    return args.seed is not None and args.seed != config.DEFAULT_SEED
+
+
+def make_command(args, settings=None, checkout=REPO, sets=()):
     """The make command that starts or continues this run; RUNS too where it is not the default,
     since the same command without it refuses to start the run again elsewhere, the kernel
-    settings its last sitting ran with where they are not what the trainers set by default, and
-    the checkout it trains from where that is not this one (a clone of its own)."""
+    settings its last sitting ran with where they are not what the trainers set by default, the
+    checkout it trains from where that is not this one (a clone of its own), and the --set
+    values it last started with (without them a resume goes back to the config's num_epochs,
+    or refuses a changed key)."""
     runs_dir = os.path.abspath(args.runs_dir)
+    trainer_args = shlex.join(word for item in sets for word in ("--set", item))
     return " ".join([*([f"cd {checkout} &&"] if checkout != REPO else []),
                      *(f"{name}={value}" for name, value in (settings or {}).items()
                        if KERNEL_DEFAULTS.get(name) != value),
                      f"make reproduce CONFIG={args.config}",
                      *([f"NP={args.np}"] if args.np != 2 else []),
                      *([f"PRECISION={args.precision}"] if args.precision != "fp32" else []),
+                     *([f"SEED={args.seed}"] if other_seed(args) else []),
                      *([f"RUNS={os.path.dirname(runs_dir)}"] if runs_dir != DEFAULT_RUNS_DIR
-                       else [])])
+                       else []),
+                     *([f"ARGS={shlex.quote(trainer_args)}"] if trainer_args else [])])
+
+
+def continue_command(args, run_dir):
+    """The make command that continues the run in run_dir, from what its newest sitting
+    recorded: its checkout, kernel settings and --set values."""
+    segment = last_segment(run_dir)
+    return make_command(args, segment.get("settings", {}), run_checkout(segment),
+                        given_sets(segment))
+
+
+def last_segment(run_dir):
+    """The newest sitting's record in run_dir/segments.jsonl ({} if none)."""
+    try:
+        with open(os.path.join(run_dir, "segments.jsonl")) as f:
+            return json.loads(f.read().splitlines()[-1])
+    except (OSError, IndexError, ValueError):
+        return {}
+
+
+def given_sets(segment):
+    """The --set values a sitting was started with on reproduce's command line. A sitting
+    recorded before they were kept apart: the trainer command's --set values past the two that
+    trainer_command adds itself (precision, which PRECISION gives, and checkpoint_every)."""
+    if "sets" in segment:
+        sets = segment["sets"]
+    else:
+        words = shlex.split(segment.get("command", ""))
+        sets = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--set"][2:]
+        sets = [s for s in sets if not s.startswith("precision=")]
+    last = {s.split("=", 1)[0].strip(): s for s in sets}  # a key given twice: the trainer's last
+    return list(last.values())
 
 
 def running(run_dir):
@@ -119,7 +164,8 @@ def trainer_command(args, run_dir):
             "--data_path", args.data_path, "--output_dir", run_dir, "--log_every", "100",
             "--set", f"precision={args.precision!r}",
             "--set", f"checkpoint_every={STEP_CHECKPOINTS}",
-            *[f for s in args.set for f in ("--set", s)]]
+            *[f for s in args.set for f in ("--set", s)],
+            *(["--seed", str(args.seed)] if args.seed is not None else [])]
 
 
 def start(args):
@@ -146,7 +192,7 @@ def start(args):
     env = record()
     segment = {"started_utc": env.pop("date_utc"), **env,
                "epochs_done_at_start": checkpoint_epochs(run_dir),
-               "command": shlex.join(command)}
+               "command": shlex.join(command), "sets": args.set}
     settings = {name: os.environ[name] for name in KERNEL_SETTINGS if name in os.environ}
     if settings:
         segment["settings"] = settings
@@ -194,25 +240,12 @@ def first_report(job, log_path, offset, wait_s):
         time.sleep(0.5)
 
 
-def run_checkout(run_dir):
-    """The checkout the run's last sitting trained from (its venv's Python in the recorded
-    command: a clone of its own for a run longer than the code stays still), else this one."""
-    try:
-        with open(os.path.join(run_dir, "segments.jsonl")) as f:
-            command = json.loads(f.read().splitlines()[-1])["command"]
-    except (OSError, IndexError, ValueError, KeyError):
-        return REPO
-    python = next((w for w in shlex.split(command) if w.endswith("/.venv/bin/python")), None)
+def run_checkout(segment):
+    """The checkout a sitting trained from (its venv's Python in the recorded command: a clone
+    of its own for a run longer than the code stays still), else this one."""
+    words = shlex.split(segment.get("command", ""))
+    python = next((w for w in words if w.endswith("/.venv/bin/python")), None)
     return os.path.dirname(os.path.dirname(os.path.dirname(python))) if python else REPO
-
-
-def last_settings(run_dir):
-    """The kernel settings of the run's newest sitting ({} if none or no sitting yet)."""
-    try:
-        with open(os.path.join(run_dir, "segments.jsonl")) as f:
-            return json.loads(f.read().splitlines()[-1]).get("settings", {})
-    except (OSError, IndexError, ValueError):
-        return {}
 
 
 def output_dir(command):
@@ -311,7 +344,7 @@ def status(args):
         return 1
     done = any(e["event"] == "test" for e in log)
     alive = bool(running(run_dir))
-    command = make_command(args, last_settings(run_dir), run_checkout(run_dir))
+    command = continue_command(args, run_dir)
     print(status_line(command, log, alive))
     keep(run_dir, results_dir, command, "full" if done else
          "running" if alive else "partial")
@@ -333,7 +366,7 @@ def status_line(command, log, alive):
     """One line on a run from its metrics events, and whether its job is alive; `command`: the
     make command that continues it."""
     epochs = [e for e in log if e["event"] == "epoch"]
-    cfg = log[0]["config"]
+    cfg = newest_config(log)  # a resume may have lengthened it, as the results table reads it
     precision = f" ({cfg['precision']})" if cfg.get("precision", "fp32") != "fp32" else ""
     line = f"reproduce: {cfg['name']}{precision}, {len(epochs)} of {cfg['num_epochs']} epochs"
     if epochs:
@@ -344,7 +377,7 @@ def status_line(command, log, alive):
     last = log[-1]
     if not alive:
         return line + f", stopped; `{command}` continues it{time_left(epochs, cfg)}"
-    if last["event"] == "epoch" and len(epochs) == log[0]["config"]["num_epochs"]:
+    if last["event"] == "epoch" and len(epochs) == cfg["num_epochs"]:
         return line + ", running the test evaluation"
     if last["event"] == "epoch":  # resumed or validated, no progress line of the next epoch yet
         return line + f", running epoch {last['epoch'] + 1}{time_left(epochs, cfg)}"
@@ -361,8 +394,7 @@ def stop(args):
     pid = running(run_dir)
     if not pid:
         print(f"reproduce: {args.config} is not running; "
-              f"`{make_command(args, last_settings(run_dir), run_checkout(run_dir))}` continues "
-              "it")
+              f"`{continue_command(args, run_dir)}` continues it")
         return 0
     for rank in children(pid):
         with contextlib.suppress(ProcessLookupError):

@@ -71,11 +71,16 @@ def load(name):
         run = json.load(f)
     with open(os.path.join(folder, "metrics.jsonl")) as f:
         events = [json.loads(line) for line in f]
-    # the config it trains under now: a resume may have lengthened the schedule, or changed
-    # more with --change_config, and logged the config it went on with
-    newest = [e["config"] for e in events if "config" in e][-1]
-    run.update(name=name, events=events, config=newest, workers=events[0]["world_size"])
+    run.update(name=name, events=events, config=newest_config(events),
+               workers=events[0]["world_size"])
     return run
+
+
+def newest_config(events):
+    """The config a run trains under now, from its metrics events: a resume may have lengthened
+    the schedule, or changed more with --change_config, and logged the config it went on with.
+    scripts/reproduce.py's status line reads it here too."""
+    return [e["config"] for e in events if "config" in e][-1]
 
 
 def full_epoch_steps(cfg):

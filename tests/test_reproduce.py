@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,6 +47,9 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     assert list((run_dir / "checkpoints" / IN_EPOCH).glob("*.index")), "no in-epoch checkpoint"
     os.killpg(int((run_dir / "pid").read_text()), signal.SIGKILL)  # the machine is taken away
     wait_for(lambda: "stopped" in reproduce("status", tmp_path, corpus)[1], "stopped status", 30)
+    # the command that continues it carries the --set values it was started with
+    assert reproduce("status", tmp_path, corpus)[1].endswith(
+        " ARGS='--set steps_per_epoch=800 --set num_epochs=6 --set eval_steps=5'` continues it")
     # stopped before its last epoch, with nothing running it: a partial run, not a running one
     assert json.load(open(tmp_path / "results" / "tiny-2workers" / "run.json"))["kind"] == "partial"
     assert reproduce("shared", tmp_path, corpus, "a test beside it")[0] == 0
@@ -127,7 +131,7 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     """Hand-made events of a 3-epoch run: the epoch it runs is the one after the last epoch line
     until that epoch's first progress line (after a resume, say)."""
     from scripts.reproduce import DEFAULT_RUNS_DIR, make_command, status_line
-    args = argparse.Namespace(config="config_large", np=1, precision="fp32",
+    args = argparse.Namespace(config="config_large", np=1, precision="fp32", seed=None,
                               runs_dir=DEFAULT_RUNS_DIR)
     assert make_command(args) == "make reproduce CONFIG=config_large NP=1"
     args.runs_dir, args.precision = "/var/tmp/ptb-runs/reproduce", "bf16"
@@ -144,6 +148,24 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     assert make_command(args, checkout="/var/tmp/ptb-runs/clone") == (
         "cd /var/tmp/ptb-runs/clone && make reproduce CONFIG=config_large NP=1 PRECISION=bf16 "
         "RUNS=/var/tmp/ptb-runs")
+    # its seed, where not the trainer's default, and the --set values it last started with, as
+    # ARGS quoted once for the user's shell and once for the Makefile recipe's
+    args.seed = 2
+    command = make_command(args, sets=["num_epochs=60", "model='my_models:build'"])
+    words = shlex.split(command)
+    assert words[:-1] == ["make", "reproduce", "CONFIG=config_large", "NP=1", "PRECISION=bf16",
+                          "SEED=2", "RUNS=/var/tmp/ptb-runs"], command
+    assert words[-1].startswith("ARGS=") and shlex.split(words[-1][5:]) == [
+        "--set", "num_epochs=60", "--set", "model='my_models:build'"], command
+    assert make_command(args, sets=["num_epochs=60"]).endswith(" ARGS='--set num_epochs=60'")
+    # a sitting recorded before its --set values were kept apart: those past the trainer
+    # command's own two; a key given twice, its last value
+    from scripts.reproduce import given_sets
+    recorded = ("mpirun -np 1 python lm_ptb_distributed.py --set \"precision='bf16'\" --set "
+                "checkpoint_every=100 --set num_epochs=60 --set eval_steps=5 --set num_epochs=70")
+    assert given_sets({"command": recorded}) == ["num_epochs=70", "eval_steps=5"]
+    args.seed = 1234
+    assert make_command(args).endswith("PRECISION=bf16 RUNS=/var/tmp/ptb-runs")
     cfg = {"num_epochs": 3, "name": "config_large"}
     epoch1 = {"event": "epoch", "epoch": 1, "valid_ppl": 249.3182, "config": cfg}
     progress = {"event": "progress", "epoch": 2, "step": 1400, "eta_s": 5400, "config": cfg}
@@ -152,6 +174,11 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
         "reproduce: config_large, 1 of 3 epochs, last valid ppl 249.32, running epoch 2"
     assert status_line(make, [epoch1, progress], alive=True) == \
         "reproduce: config_large, 1 of 3 epochs, last valid ppl 249.32, running epoch 2 " \
+        "(step 1400), ETA 1.5 h"
+    # resumed with a longer schedule: the newest config's, as the results table reads it
+    longer = dict(progress, config=dict(cfg, num_epochs=5, precision="bf16"))
+    assert status_line(make, [epoch1, longer], alive=True) == \
+        "reproduce: config_large (bf16), 1 of 5 epochs, last valid ppl 249.32, running epoch 2 " \
         "(step 1400), ETA 1.5 h"
     assert status_line(make, [epoch1], alive=False) == \
         "reproduce: config_large, 1 of 3 epochs, last valid ppl 249.32, stopped; " \
@@ -185,28 +212,32 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
 
 def test_make_reproduce_status_and_stop_as_the_readme_gives_them(ptb_path, tmp_path):
     """`RUNS=... make reproduce`, then `make reproduce-status` and `make reproduce-stop` with the
-    same CONFIG: the run folder goes where RUNS says (a disk that outlives the checkout), the
-    status looks there and copies the logs to RESULTS (a clone's run reports into the work
-    tree's results/ so), and the stop ends it with its newest checkpoint kept."""
+    same CONFIG and SEED: the run folder goes where RUNS says (a disk that outlives the
+    checkout), named by its seed, the status looks there and copies the logs to RESULTS (a
+    clone's run reports into the work tree's results/ so), and the stop ends it with its newest
+    checkpoint kept."""
     keep, elsewhere, results = tmp_path / "keep", tmp_path / "elsewhere", tmp_path / "results"
     env = dict(os.environ, PTB_DATA_PATH=ptb_path)
-    run_dir = keep / "reproduce" / "tiny-np1"
+    run_dir = keep / "reproduce" / "tiny-np1-seed7"
 
     def make(target, runs=keep):
         return subprocess.run(["make", target, f"RUNS={runs}", f"RESULTS={results}",
-                               f"CONFIG={TINY}", "NP=1"], cwd=REPO, env=env, capture_output=True,
+                               f"CONFIG={TINY}", "NP=1", "SEED=7"], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=600)
     try:
         r = make("reproduce")
         assert r.returncode == 0 and f"log {run_dir}/train.log" in r.stdout, r.stdout + r.stderr
         assert "; its first line: [ptb] epoch 1/3 | step 100/" in r.stdout, r.stdout
-        assert not os.path.exists(os.path.join(REPO, "runs", "reproduce", "tiny-np1"))
+        assert not os.path.exists(os.path.join(REPO, "runs", "reproduce", "tiny-np1-seed7"))
+        assert "--seed 7" in (run_dir / "segments.jsonl").read_text()
         r = make("reproduce-status", runs=elsewhere)
-        assert r.returncode != 0 and f"in {elsewhere}/reproduce/tiny-np1 yet" in r.stdout, r.stdout
+        assert r.returncode != 0 and f"in {elsewhere}/reproduce/tiny-np1-seed7 yet" in r.stdout, \
+            r.stdout
         r = make("reproduce-status")
         assert r.returncode == 0 and f"reproduce: {TINY}, 0 of 3 epochs" in r.stdout, \
             r.stdout + r.stderr
-        assert json.load(open(results / "tiny-1workers" / "run.json"))["kind"] == "running"
+        run = json.load(open(results / "tiny-1workers-seed7" / "run.json"))
+        assert run["kind"] == "running" and " SEED=7 " in run["resume"], run["resume"]
         r = make("reproduce-stop")
         assert r.returncode == 0 and "stopped by SIGTERM; the newest checkpoint" in r.stdout, \
             r.stdout + r.stderr
@@ -301,3 +332,16 @@ def test_a_start_reports_the_trainers_own_line_its_refusal_or_a_finished_run(lon
     assert rc == 0 and out.startswith(f"reproduce: finished {TINY} with 1 worker; its last "
                                       f"line: [ptb] --resume: the run in {run_dir} is finished: "
                                       "1 epoch, test ppl "), out + err
+    # lengthened at a resume: the status reads the newest config, and the command that
+    # continues it (printed and in run.json) carries the --set values of this start
+    rc, out, err = start("--set", "num_epochs=2")
+    assert rc == 0 and "resumed" in out, out + err
+    wait_for(lambda: not alive(int((run_dir / "pid").read_text())), "the end of the run")
+    r = subprocess.run([sys.executable, "scripts/reproduce.py", "status", "--config", TINY,
+                        "--np", "1", "--runs_dir", str(tmp_path / "runs"),
+                        "--results_dir", str(tmp_path / "results")],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"reproduce: {TINY}, 2 of 2 epochs, " in r.stdout, r.stdout
+    run = json.load(open(tmp_path / "results" / "tiny-1workers" / "run.json"))
+    assert run["resume"].endswith(" ARGS='--set num_epochs=2 --set steps_per_epoch=150 --set "
+                                  "eval_steps=2'"), run["resume"]

@@ -71,6 +71,7 @@ CHOICES = {"reduce_type": ("grad", "param"), "precision": ("fp32", "bf16")}
 # is saved and watched. Any other change (dropout, learning rate, precision...) makes the rest
 # of the run another experiment under the same name, so a resume refuses it unless asked.
 RESUME_MAY_CHANGE = {"num_epochs", "checkpoint_every", "step_timeout_s", "timeline"}
+DEFAULT_SEED = 1234  # --seed's
 
 
 def parse_args(argv=None, description=None):
@@ -84,8 +85,9 @@ def parse_args(argv=None, description=None):
                         "(default: $PTB_DATA_PATH or data/ptb)")
     p.add_argument("--output_dir", default="runs/latest",
                    help="metrics.jsonl and checkpoints go here")
-    p.add_argument("--seed", type=int, default=1234,
-                   help="seeds the initial weights and the dropout masks (default: 1234)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"seeds the initial weights and the dropout masks (default: "
+                        f"{DEFAULT_SEED})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key with a Python literal; repeatable")
     p.add_argument("--resume", action="store_true",
