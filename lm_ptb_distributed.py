@@ -72,6 +72,7 @@ def main(argv=None):
     hvd.broadcast_variables(model.variables + optimizer_variables(optimizer),  # Horovod 4
                             root_rank=0)  # Horovod 4
     if position.finished:  # --resume of a run that has trained and tested every epoch
+        watchdog.stop()  # Horovod 10: nothing more to watch
         return
     epoch_steps = schedule.epoch_steps(cfg, len(train_x))
     if cfg["timeline"]:  # Horovod 9
