@@ -12,7 +12,7 @@ alone, as a diff of lm_ptb.py.
 import os
 
 from data import ptb
-from utils import config
+from utils import config, hardware
 from utils.watchdog import START_UP_S, Watchdog, chief_wait_s
 # Horovod 3: imported after utils, which selects the Keras (PTB_KERAS) before TensorFlow loads
 import horovod.tensorflow as hvd
@@ -33,25 +33,10 @@ def set_horovod_env(cfg):
 
 
 def local_gpus():
-    """Horovod 2: this host's GPUs, each to take memory as it needs it (not all of it at once);
-    one line naming the fix when the host runs more ranks than it has GPUs."""
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    problem = too_few_gpus(hvd.local_size(), len(gpus))
-    if problem:
-        raise config.ConfigError(problem)
-    return gpus
-
-
-def too_few_gpus(local_ranks, gpus):
-    """The error for a host whose ranks outnumber its GPUs (none on a CPU host), else None."""
-    if not gpus or local_ranks <= gpus:
-        return None
-    return (f"this host runs {local_ranks} ranks but has {gpus} GPU{'s' * (gpus > 1)}, one per "
-            f"rank: start at most {gpus} rank{'s' * (gpus > 1)} per host (mpirun -H "
-            f"host:{gpus}, horovodrun -H host:{gpus}), or hide the GPUs "
-            "(CUDA_VISIBLE_DEVICES=) to train on the CPU cores")
+    """Horovod 2: this host's GPUs, one for each of its ranks; one line naming the fix when the
+    host runs more ranks than it has GPUs."""
+    return hardware.local_gpus(hvd.local_size(), "rank",
+                               "mpirun -H host:{gpus}, horovodrun -H host:{gpus}")
 
 
 def start_watchdog(cfg, output_dir):

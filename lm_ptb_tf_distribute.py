@@ -61,11 +61,10 @@ def make_strategy(index, workers, threads):
     Devices and threads must be set before the strategy starts the runtime."""
     host = workers[index].rsplit(":", 1)[0]
     local = [i for i, w in enumerate(workers) if w.rsplit(":", 1)[0] == host]
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
+    gpus = hardware.local_gpus(len(local), "worker", "launch/tf_config.py -n {gpus}, or at "
+                               "most {gpus} of TF_CONFIG's workers on this host")
     if gpus:
-        tf.config.set_visible_devices(gpus[local.index(index) % len(gpus)], "GPU")
+        tf.config.set_visible_devices(gpus[local.index(index)], "GPU")
     hardware.set_threads(threads or hardware.cores_per_process(len(local)))
     if len(workers) == 1:
         return tf.distribute.get_strategy()  # the default: no collectives at all
@@ -233,6 +232,7 @@ def wait_for_chief(collectives, watchdog, is_chief, stats, train_x, eval_x):
 def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
+    config.refuse_horovod_only(cfg, "tf.distribute")  # tf.distribute 7: none would act
     index, addresses = cluster_from_tf_config()  # tf.distribute 1
     # tf.distribute 9: the strategy waits for every worker of TF_CONFIG, for ever and holding
     # Python's lock, so a process beside this one ends the wait

@@ -3,7 +3,13 @@ import resource
 
 import pytest
 
-import utils  # noqa: F401  before any test imports TensorFlow: Keras 2 (utils/__init__.py)
+# The suite runs on the CPU cores, its GPUs hidden from it and from every process it starts: its
+# multi-rank runs start more ranks than a workstation has GPUs, which the trainers refuse, and
+# its expectations are the CPU path's. The GPU pinning is tested on stand-in devices
+# (tests/stand_in_gpus.py); the GPU build by `make gpu-build-check` (docs/gpu.md).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import utils  # noqa: E402,F401  before any test imports TensorFlow: the Keras PTB_KERAS selects
 from tests.helpers import REPO, patterned_sentences, write_corpus
 
 # The files that take longest, first: `make test` hands whole files to its workers in the order

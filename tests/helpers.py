@@ -102,17 +102,20 @@ def patterned_sentences(n, seed=0):
             for _ in range(n)]
 
 
-def mpirun(*apps, timeout=420, extra=(), env=None):
+def mpirun(*apps, timeout=420, extra=(), env=None, stand_in_gpus=None):
     """Run lm_ptb_distributed.py under mpirun: each app is (nprocs, its arguments), the ranks
     numbered in the apps' order. Several apps run through tests/per_rank.py, not mpirun's MPMD
     form, which Debian 13's Open MPI cannot run (see there). The timeout bounds a hang, not the
     speed: 2,000 tiny steps of 2 ranks outgrew 180 s on a 2-core AVX2-only EPYC while make
-    test's other worker and CI's fresh-machine build shared the cores."""
+    test's other worker and CI's fresh-machine build shared the cores. stand_in_gpus=N: each
+    rank sees N GPUs of tests/stand_in_gpus.py (one app only)."""
     cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
            "-bind-to", "none", "-x", "PYTHONUNBUFFERED=1", *extra,
            "-np", str(sum(n for n, _ in apps)), sys.executable]
     if len(apps) == 1:
-        cmd += ["lm_ptb_distributed.py", *apps[0][1]]
+        stand_in = [os.path.join("tests", "stand_in_gpus.py"), str(stand_in_gpus)]
+        cmd += [*(stand_in if stand_in_gpus is not None else []), "lm_ptb_distributed.py",
+                *apps[0][1]]
     else:
         cmd += [os.path.join("tests", "per_rank.py"),
                 json.dumps([list(args) for n, args in apps for _ in range(n)])]

@@ -2,6 +2,7 @@
 rank-0-only output, launch errors, and two "hosts" joined by a veth pair or by a link with
 added delay."""
 import os
+import re
 import time
 import subprocess
 import sys
@@ -322,15 +323,25 @@ def test_horovodrun_gloo_on_one_host(ptb_path, tmp_path):
     assert events(out, "test")[0]["world_size"] == 2
 
 
-def test_more_ranks_than_gpus_on_a_host_is_one_line_naming_the_fix():
-    """Horovod 2 pins a GPU per local rank (gpus[hvd.local_rank()]): a host started with more
-    ranks than GPUs gets this line from every rank instead of an IndexError's traceback. This
-    machine has no GPU, so the check is run on its counts."""
-    from horovod_steps import too_few_gpus
-    assert too_few_gpus(local_ranks=2, gpus=0) is None  # a CPU host: the cores are shared
-    assert too_few_gpus(local_ranks=4, gpus=4) is None
-    assert too_few_gpus(local_ranks=3, gpus=2) == (
-        "this host runs 3 ranks but has 2 GPUs, one per rank: start at most 2 ranks per host "
-        "(mpirun -H host:2, horovodrun -H host:2), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
-        "train on the CPU cores")
-    assert too_few_gpus(local_ranks=2, gpus=1).startswith("this host runs 2 ranks but has 1 GPU, ")
+def test_each_rank_pins_its_own_gpu_and_more_ranks_than_gpus_is_one_line(corpus, tmp_path):
+    """Horovod 2 through the trainer's own path, on stand-in GPUs (tests/stand_in_gpus.py: this
+    machine has none): 2 ranks on a host of 2 GPUs take one each, by local rank, and train (on
+    the CPU); 2 ranks on a host of 1 stop before any work, each with one line naming the fix,
+    where gpus[hvd.local_rank()] would end rank 1 in an IndexError. A trainer that stopped
+    calling the check, or pinned by another number, fails here."""
+    args = ["--config", TINY, "--data_path", corpus, "--set", "steps_per_epoch=5",
+            "--set", "num_epochs=1", "--set", "eval_steps=2"]
+    r = mpirun((2, [*args, "--output_dir", str(tmp_path / "two")]), stand_in_gpus=2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pinned = sorted(re.findall(r"stand-in GPUs: local rank \d pinned \S+GPU:\d", r.stdout))
+    assert pinned == ["stand-in GPUs: local rank 0 pinned /physical_device:GPU:0",
+                      "stand-in GPUs: local rank 1 pinned /physical_device:GPU:1"], r.stdout
+    assert events(tmp_path / "two", "test")[0]["world_size"] == 2
+    r = mpirun((2, [*args, "--output_dir", str(tmp_path / "one")]), stand_in_gpus=1)
+    assert r.returncode != 0 and "stand-in GPUs:" not in r.stdout, r.stdout
+    line = ("error: this host runs 2 ranks but has 1 GPU, one per rank: start at most 1 rank per "
+            "host (mpirun -H host:1, horovodrun -H host:1), or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=) to train on the CPU cores\n")
+    # a line from each rank (mpirun may run the two together: counted, not split at newlines)
+    assert r.stderr.count(line) == 2 and r.stderr.count("error:") == 2, r.stderr
+    assert not (tmp_path / "one" / "metrics.jsonl").exists()

@@ -81,10 +81,11 @@ def import_with_fake_tensorflow(tmp_path, body):
                           capture_output=True, text=True, timeout=60)
 
 
-NOTES_AND_A_REAL_LINE = """import os
+NOTES_AND_A_REAL_LINE = """import os, types
 os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
 os.write(2, b"I0000 00:00:1.1 1 port.cc:153] oneDNN custom operations are on. You may see...\\n")
 os.write(2, b"E0000 something TensorFlow really reports\\n")
+config = types.SimpleNamespace(list_physical_devices=lambda device_type=None: [])
 """
 
 
@@ -92,6 +93,35 @@ def test_tensorflow_start_up_notes_are_dropped_and_every_other_line_kept(tmp_pat
     r = import_with_fake_tensorflow(tmp_path, NOTES_AND_A_REAL_LINE)
     assert r.returncode == 0 and r.stdout == "tensorflow\n", r.stderr
     assert r.stderr == "E0000 something TensorFlow really reports\n"
+
+
+# A GPU build's first look at its devices with CUDA_VISIBLE_DEVICES empty (TensorFlow 2.x)
+HIDDEN_GPUS = """import os, types
+def list_physical_devices(device_type=None):
+    os.write(2, b"E0000 00:00:1.1 1 cuda_executor.cc:1228] failed call to cuInit: "
+                b"CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected\\n")
+    os.write(2, b"E0000 something TensorFlow really reports\\n")
+    return []
+config = types.SimpleNamespace(list_physical_devices=list_physical_devices)
+"""
+
+
+@pytest.mark.parametrize("visible, dropped", [("", True), ("-1", True), ("0", False),
+                                              (None, False)])
+def test_a_failed_cuinit_is_dropped_only_where_the_gpus_are_hidden(tmp_path, visible, dropped):
+    """Hidden GPUs (the suite's, and the trainers' fix for more ranks than GPUs) make a GPU
+    build log its failed cuInit as an error; where they are not hidden, it is a real fault."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(HIDDEN_GPUS)
+    env = script_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    r = subprocess.run([sys.executable, "-c", IMPORTER], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "tensorflow\n", r.stderr
+    assert ("CUDA_ERROR_NO_DEVICE" not in r.stderr) == dropped, r.stderr
+    assert "E0000 something TensorFlow really reports\n" in r.stderr
 
 
 def test_a_failing_tensorflow_import_shows_what_it_printed_and_why(tmp_path):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from scripts import twohosts
 from tests.helpers import REPO, TINY, events, need_root, run_script, script_env
 
@@ -105,6 +107,39 @@ def test_a_bad_tf_config_or_workers_that_disagree_stop_in_one_line(corpus, tmp_p
         assert w.returncode == 2, err
         assert err.strip().splitlines()[-1].startswith(
             "error: workers started with different config"), err
+
+
+@pytest.mark.parametrize("sets, named", [
+    (["fp16_allreduce=True"], "fp16_allreduce=True: Horovod's option, "),
+    (["sparse_as_dense=True", "reduce_type='param'"],
+     "reduce_type='param', sparse_as_dense=True: Horovod's options, "),
+    (["timeline=True"], "timeline=True: Horovod's option, ")])
+def test_horovods_own_options_are_refused_in_one_line(corpus, tmp_path, sets, named):
+    """Nothing here acts on them: a run would log them in every event as if it had."""
+    r = run_script(["lm_ptb_tf_distribute.py", *BOUNDED, "--data_path", corpus, "--output_dir",
+                    str(tmp_path / "run"), *[w for s in sets for w in ("--set", s)]])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: {named}which tf.distribute has no counterpart of; "
+                               "leave "), r.stderr
+    assert r.stderr.endswith("at the default (drop the --set), or train with "
+                             "lm_ptb_distributed.py\n"), r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_more_workers_than_gpus_on_a_host_is_one_line(corpus, tmp_path):
+    """Step 2 through the trainer's own path on stand-in GPUs (tests/stand_in_gpus.py): 2
+    workers on a host of 1 GPU stop before the strategy starts, each with one line naming the
+    fix, instead of sharing the one GPU unsaid."""
+    r = subprocess.run([sys.executable, "launch/tf_config.py", "-n", "2", "--",
+                        sys.executable, "tests/stand_in_gpus.py", "1", "lm_ptb_tf_distribute.py",
+                        *BOUNDED, "--data_path", corpus, "--output_dir", str(tmp_path / "run")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, env=script_env())
+    assert r.returncode == 2 and "stand-in GPUs:" not in r.stdout, r.stdout + r.stderr
+    line = ("error: this host runs 2 workers but has 1 GPU, one per worker: start at most 1 "
+            "worker per host (launch/tf_config.py -n 1, or at most 1 of TF_CONFIG's workers on "
+            "this host), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU cores\n")
+    assert line in r.stderr and r.stderr.count("error:") <= 2, r.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_two_hosts_over_veth(ptb_path, tmp_path):

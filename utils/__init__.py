@@ -3,6 +3,7 @@
 Imported before TensorFlow (every script does so), it sets the variables TensorFlow reads once,
 when it is first imported; the modules that use TensorFlow import it through
 import_tensorflow(), without the start-up notes that ignore TF_CPP_MIN_LOG_LEVEL."""
+import contextlib
 import importlib.util
 import os
 import platform
@@ -41,9 +42,9 @@ STARTUP_NOTES = ("WARNING: All log messages before absl::InitializeLog() is call
                  "to STDERR", "oneDNN custom operations are on")
 
 
-# The filter TensorFlow's first import writes its stderr through: a process of its own, so that
-# what came before a native abort (or a hang) of the import still reaches the terminal, line by
-# line, at once; it ends when its input does (the import returned, or the process died).
+# The filter TensorFlow's notes are written through while it is known to print them: a process
+# of its own, so that what came before a native abort (or a hang) still reaches the terminal,
+# line by line, at once; it ends when its input does (the call returned, or the process died).
 _STDERR_FILTER = """import sys
 notes = [note.encode() for note in sys.argv[1:]]
 for line in sys.stdin.buffer:
@@ -51,35 +52,56 @@ for line in sys.stdin.buffer:
         sys.stdout.buffer.write(line)
         sys.stdout.buffer.flush()
 """
+# With CUDA_VISIBLE_DEVICES empty (or -1) on a GPU build, TensorFlow's first look at its devices
+# logs its failed cuInit as an error, though hiding the GPUs was what was asked (the trainers'
+# fix for more ranks than GPUs, and `make test`, which runs on the CPU cores).
+HIDDEN_GPUS_NOTE = "CUDA_ERROR_NO_DEVICE"
 
 
-def import_tensorflow():
-    """TensorFlow. Its first import runs with the process's stderr (fd 2, where the C++ logs go)
-    passed through a filter process that drops STARTUP_NOTES and passes on every other line as
-    it comes, also when the import aborts or hangs; unless TF_CPP_MIN_LOG_LEVEL asks for every
-    note."""
-    if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("", "0"):
-        import tensorflow
-        return tensorflow
+def gpus_hidden(env=None):
+    """Whether CUDA_VISIBLE_DEVICES hides every GPU."""
+    return (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES") in ("", "-1")
+
+
+@contextlib.contextmanager
+def stderr_without(*notes):
+    """Within it, the process's stderr (fd 2, where TensorFlow's C++ logs go) passes through a
+    filter process that drops the lines holding any of `notes`, and passes on every other line
+    as it comes, also when the call inside aborts or hangs; unfiltered where
+    TF_CPP_MIN_LOG_LEVEL asks for every note."""
+    if os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("", "0"):
+        yield
+        return
     import subprocess
     sys.stderr.flush()
     saved = os.dup(2)
     try:
-        notes = subprocess.Popen([sys.executable, "-S", "-c", _STDERR_FILTER, *STARTUP_NOTES],
-                                 stdin=subprocess.PIPE, stdout=saved, stderr=saved)
+        drop = subprocess.Popen([sys.executable, "-S", "-c", _STDERR_FILTER, *notes],
+                                stdin=subprocess.PIPE, stdout=saved, stderr=saved)
     except OSError:  # no process to spare: the notes go through as they are
         os.close(saved)
-        import tensorflow
-        return tensorflow
-    os.dup2(notes.stdin.fileno(), 2)
+        yield
+        return
+    os.dup2(drop.stdin.fileno(), 2)
     try:
-        import tensorflow
+        yield
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
-        notes.stdin.close()
-        notes.wait()
+        drop.stdin.close()
+        drop.wait()
+
+
+def import_tensorflow():
+    """TensorFlow, imported the first time without STARTUP_NOTES, its devices listed then too
+    (without HIDDEN_GPUS_NOTE where CUDA_VISIBLE_DEVICES hides them all)."""
+    if "tensorflow" in sys.modules:
+        import tensorflow
+        return tensorflow
+    with stderr_without(*STARTUP_NOTES, *([HIDDEN_GPUS_NOTE] if gpus_hidden() else [])):
+        import tensorflow
+        tensorflow.config.list_physical_devices()  # sets nothing up: devices stay configurable
     return tensorflow
 
 

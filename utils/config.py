@@ -133,6 +133,23 @@ def load_config(name_or_path, overrides=()):
     return cfg
 
 
+# Keys only Horovod's trainers act on (its allreduce and timeline): lm_ptb_tf_distribute.py refuses
+# them set to anything but their defaults rather than log them as if they had acted.
+HOROVOD_ONLY = ("reduce_type", "param_sync_steps", "fp16_allreduce", "sparse_as_dense",
+                "timeline")
+
+
+def refuse_horovod_only(cfg, trainer):
+    """One line naming the HOROVOD_ONLY keys set away from their defaults, for a `trainer` that
+    has no such option."""
+    changed = [f"{key}={cfg[key]!r}" for key in HOROVOD_ONLY if cfg[key] != DEFAULTS[key]]
+    if changed:
+        them = "it" if len(changed) == 1 else "them"
+        raise ConfigError(f"{', '.join(changed)}: Horovod's option{'s' * (len(changed) > 1)}, "
+                          f"which {trainer} has no counterpart of; leave {them} at the default "
+                          f"(drop the --set), or train with lm_ptb_distributed.py")
+
+
 def check_together(cfg):
     """Values that are valid alone but not together."""
     if cfg["reduce_type"] == "param" and cfg["checkpoint_every"]:

@@ -1,12 +1,14 @@
 """What the machine offers a run: its cores, TensorFlow's threads on them, and bf16 units."""
 import os
 
-from utils import import_tensorflow
+from utils import import_tensorflow, stderr_without
+from utils.errors import ConfigError
 
 tf = import_tensorflow()
 
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # the CPU flags of bf16 matmul units (Linux names)
+ONEDNN_BF16_NOTE = "oneDNN supports DT_BFLOAT16 only on platforms with AVX-512"
 
 
 def bf16_units(cpuinfo=None):
@@ -34,9 +36,30 @@ def precision_note(cfg, cpuinfo=None, gpus=None):
         gpus = tf.config.list_logical_devices("GPU")
     if gpus or bf16_units(cpuinfo):
         return None
+    # TensorFlow says so too, once a process, at its first bf16 op, in a raw log line: that
+    # op runs here, its line dropped, so that this note says it once, in words
+    with stderr_without(ONEDNN_BF16_NOTE):
+        tf.cast(tf.zeros([1]), tf.bfloat16)
     return ("note: precision='bf16' on a CPU without bf16 units (neither avx512_bf16 nor "
             "amx_bf16 in /proc/cpuinfo): TensorFlow emulates bfloat16 here, so "
             "precision='fp32' trains faster")
+
+
+def local_gpus(processes, role, fewer):
+    """This host's GPUs, each to take memory as it needs it (not all of it at once), for its
+    `processes` (Horovod's ranks, tf.distribute's workers: `role`) to take one each; [] on a CPU
+    host, whose cores they share. More processes than GPUs is one line naming the fix (`fewer`:
+    how the launcher starts fewer per host, {gpus} in it their number)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus and processes > len(gpus):
+        n = len(gpus)
+        raise ConfigError(
+            f"this host runs {processes} {role}s but has {n} GPU{'s' * (n > 1)}, one per {role}: "
+            f"start at most {n} {role}{'s' * (n > 1)} per host ({fewer.format(gpus=n)}), or hide "
+            "the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU cores")
+    return gpus
 
 
 def available_cores():

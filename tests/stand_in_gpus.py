@@ -1,0 +1,61 @@
+"""Runs a trainer as if its host had N GPUs, for the tests of GPU pinning on a machine without
+one: `python tests/stand_in_gpus.py N lm_ptb_distributed.py ARGS...`, under mpirun or
+launch/tf_config.py like the trainer itself.
+
+TensorFlow's list of physical GPUs answers N stand-in devices; setting one visible or its memory
+growth is recorded, and printed as `stand-in GPUs: <who> pinned <device>` (who: this process's
+Horovod local rank or tf.distribute worker index), instead of reaching a driver. Everything
+else, the trainer's own check of ranks against GPUs included, runs as it is; the trainer then
+computes on the CPU (its model chooses its kernels from the logical devices, which stay CPUs).
+"""
+import json
+import os
+import runpy
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import utils  # noqa: E402  selects the Keras before TensorFlow loads, as every script does
+
+tf = utils.import_tensorflow()
+
+
+def who():
+    """This process as its launcher numbers it on this host."""
+    if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+        return f"local rank {os.environ['OMPI_COMM_WORLD_LOCAL_RANK']}"
+    if "TF_CONFIG" in os.environ:
+        return f"worker {json.loads(os.environ['TF_CONFIG'])['task']['index']}"
+    return "the one process"
+
+
+def stand_in(count):
+    gpus = [tf.config.PhysicalDevice(name=f"/physical_device:GPU:{i}", device_type="GPU")
+            for i in range(count)]
+    real_list, real_visible = tf.config.list_physical_devices, tf.config.set_visible_devices
+
+    def list_physical_devices(device_type=None):
+        return list(gpus) if device_type == "GPU" else real_list(device_type)
+
+    def set_visible_devices(devices, device_type=None):
+        if device_type != "GPU":
+            return real_visible(devices, device_type)
+        # one device or a list of them (a PhysicalDevice is itself a tuple)
+        for device in [devices] if isinstance(devices, tf.config.PhysicalDevice) else devices:
+            os.write(1, f"stand-in GPUs: {who()} pinned {device.name}\n".encode())  # one write
+
+    tf.config.list_physical_devices = list_physical_devices
+    tf.config.set_visible_devices = set_visible_devices
+    tf.config.experimental.set_memory_growth = lambda device, enable: None
+
+
+def main():
+    if len(sys.argv) < 3 or not sys.argv[1].isdigit():
+        sys.exit("usage: python tests/stand_in_gpus.py N SCRIPT [ARGS...]")
+    stand_in(int(sys.argv[1]))
+    script = sys.argv[2]
+    sys.argv = [script, *sys.argv[3:]]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
