@@ -431,3 +431,26 @@ def test_resuming_with_fewer_steps_per_epoch_than_the_checkpoints_step_is_one_li
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert all(line.startswith("error: --resume: the checkpoint is ") for line in errors), errors
     assert "UnboundLocalError" not in r.stderr and "ZeroDivisionError" not in r.stderr
+
+
+# Runs lm_ptb_distributed.main() in this one process and prints whether the step watchdog it
+# started still has a deadline when main() returns: a deadline left running would end a process
+# that outlives main() (a caller, Horovod's shutdown) with the watchdog's exit 124.
+WATCHDOG_AT_RETURN = """import sys
+import horovod_steps, lm_ptb_distributed
+started = []
+start = horovod_steps.start_watchdog
+horovod_steps.start_watchdog = lambda *a: started.append(start(*a)) or started[-1]
+code = lm_ptb_distributed.main(sys.argv[1:])
+print("deadline at return:", started[0]._deadline)
+"""
+
+
+def test_every_return_of_the_trainer_stops_its_watchdog(corpus, tmp_path):
+    """A whole run, then a resume of the finished run (it returns before training)."""
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", str(tmp_path / "run"),
+            "--set", "num_epochs=1", "--set", "steps_per_epoch=5", "--set", "eval_steps=2"]
+    for more in ([], ["--resume"]):
+        r = run_script(["-c", WATCHDOG_AT_RETURN, *args, *more], timeout=120)
+        assert r.returncode == 0 and "deadline at return: None\n" in r.stdout, r.stdout + r.stderr
+    assert "is finished" in r.stdout, r.stdout
