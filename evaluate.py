@@ -28,7 +28,8 @@ from utils.checkpoints import DATA_PATH_FILE, RUN_CONFIG_KEY, VOCAB_FILE, refuse
 from utils.config import DEFAULT_DATA_PATH, ConfigError
 from utils.logs import first_line, newest_checkpoint, parse_line
 from utils.model import build
-# After utils, which sets TensorFlow's environment (Keras 2) before TensorFlow is imported.
+# After utils, which sets TensorFlow's environment (the Keras PTB_KERAS selects) before
+# TensorFlow is imported.
 import tensorflow as tf
 
 

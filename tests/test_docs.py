@@ -4,6 +4,7 @@ tree. results/ was laid out anew once (#45) and will move again; a page left beh
 import glob
 import os
 import re
+import subprocess
 
 from tests.helpers import REPO
 
@@ -73,3 +74,32 @@ def test_every_path_in_backticks_exists():
                 missing.append(f"{page}: `{path}`")
     assert checked > 150, checked
     assert not missing, "named but not in the tree:\n" + "\n".join(missing)
+
+
+# What only tf-keras calls or sets: on the default Keras 3 a copier following such a line would
+# call a minimize(tape=) that does not exist, or switch to tf-keras unknowingly.
+KERAS2_ONLY = re.compile(r"minimize\(.*tape=|TF_USE_LEGACY_KERAS=1")
+# A line about tf-keras says so, on that line or one of the two before it.
+ABOUT_TF_KERAS = re.compile(r"tf-keras|Keras 2|PTB_KERAS=2|not KERAS3|has no `minimize")
+
+
+def test_no_line_shows_a_tf_keras_only_call_as_the_default():
+    stale, checked = [], 0
+    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.txt", "*.sh", "Makefile",
+                            "launch/*"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    this = os.path.relpath(__file__, REPO)  # it names the patterns
+    for name in (f for f in files if not f.startswith("results/") and f != this):
+        with open(os.path.join(REPO, name)) as f:
+            lines = f.read().splitlines()
+        checked += 1
+        for i, line in enumerate(lines):
+            if KERAS2_ONLY.search(line) and not any(ABOUT_TF_KERAS.search(near)
+                                                     for near in lines[max(0, i - 2):i + 1]):
+                stale.append(f"{name}:{i + 1}: {line.strip()}")
+        # and no sentence, comments joined, says the code selects tf-keras by itself
+        text = " ".join(line.strip().lstrip("#").strip() for line in lines)
+        stale += [f"{name}: ...{m.group(0)}..." for m in
+                  re.finditer(r"(?:code|it) sets TF_USE_LEGACY_KERAS=1 \S+ so that[^.;]*", text)]
+    assert checked > 80, checked
+    assert not stale, "tf-keras-only lines not marked as such:\n" + "\n".join(stale)
