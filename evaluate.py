@@ -24,9 +24,11 @@ import sys
 
 from data import ptb
 from utils import cli, hardware, loop, train_steps
-from utils.checkpoints import DATA_PATH_FILE, RUN_CONFIG_KEY, VOCAB_FILE, refuse_other_keras
+from utils.checkpoints import (DATA_PATH_FILE, EPOCHS_KEY, IN_EPOCH_STEP_KEY, RUN_CONFIG_KEY,
+                               UNREADABLE, VOCAB_FILE, newest_first, refuse_other_keras,
+                               warn_damaged)
 from utils.config import DEFAULT_DATA_PATH, ConfigError
-from utils.logs import first_line, newest_checkpoint, parse_line
+from utils.logs import first_line, parse_line
 from utils.model import build
 # After utils, which sets TensorFlow's environment (the Keras PTB_KERAS selects) before
 # TensorFlow is imported.
@@ -71,25 +73,22 @@ def parse_args(argv):
 
 
 class Checkpoint:
-    """The run's newest checkpoint (of an epoch's end, or inside an epoch), where it stands and
-    the config it was trained with."""
+    """A checkpoint of the run (of an epoch's end, or inside an epoch), where it stands and the
+    config it was trained with. Raises one of checkpoints.UNREADABLE where its files cannot be
+    read."""
 
-    def __init__(self, run_dir):
-        self.path = newest_checkpoint(os.path.join(run_dir, "checkpoints"))
-        if self.path is None:
-            raise ConfigError(f"--run {run_dir}: no checkpoint in {run_dir}/checkpoints; point "
-                              "--run at the --output_dir of a run that has saved one")
+    def __init__(self, run_dir, path):
+        self.path = path
+        reader = tf.train.load_checkpoint(self.path)
+        refuse_other_keras(reader, self.path)
         try:
-            reader = tf.train.load_checkpoint(self.path)
-            refuse_other_keras(reader, self.path)
-            self.epochs_done = int(reader.get_tensor("epochs_done/.ATTRIBUTES/VARIABLE_VALUE"))
-            self.step = int(reader.get_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE")) \
-                if reader.has_tensor("in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE") else 0
-            saved = reader.get_tensor(RUN_CONFIG_KEY) if reader.has_tensor(RUN_CONFIG_KEY) \
-                else None
-        except (tf.errors.OpError, ValueError) as e:
-            raise ConfigError(f"--run {run_dir}: checkpoint {self.path} cannot be read "
-                              f"({first_line(e)}); restore it from a backup") from None
+            self.epochs_done = int(reader.get_tensor(EPOCHS_KEY))
+        except ValueError:  # a file that is no checkpoint of this code
+            raise ConfigError(f"--run {run_dir}: {self.path} holds no epochs_done; point --run "
+                              "at the --output_dir of a training run") from None
+        self.step = int(reader.get_tensor(IN_EPOCH_STEP_KEY)) \
+            if reader.has_tensor(IN_EPOCH_STEP_KEY) else 0
+        saved = reader.get_tensor(RUN_CONFIG_KEY) if reader.has_tensor(RUN_CONFIG_KEY) else None
         # checkpoints from before they held their config: the run's newest logged one
         self.cfg = json.loads(saved) if saved is not None else logged_config(run_dir)
 
@@ -98,6 +97,38 @@ class Checkpoint:
             if self.step else os.path.basename(self.path)
         return (f"{name}, epoch {self.epochs_done + 1} step {self.step}" if self.step else
                 f"{name}, the end of epoch {self.epochs_done}")
+
+
+def run_checkpoints(run_dir):
+    """The run's checkpoints, newest first as a resume takes them (checkpoints.newest_first)."""
+    folder = os.path.join(run_dir, "checkpoints")
+    paths = newest_first(folder)
+    if not paths:
+        raise ConfigError(f"--run {run_dir}: no checkpoint in {folder}; point --run at the "
+                          "--output_dir of a run that has saved one")
+    return paths
+
+
+def newest_model(run_dir, paths, precision, vocab_size):
+    """(checkpoint, cfg, model) of the newest of `paths` that loads; a damaged newer one is named
+    in a warning line, as a resume names it. cfg: the checkpoint's config in `precision` (None:
+    the run's own)."""
+    folder = os.path.join(run_dir, "checkpoints")
+    damaged = []
+    for path in paths:
+        try:
+            checkpoint = Checkpoint(run_dir, path)
+            cfg = dict(checkpoint.cfg, precision=precision or checkpoint.cfg.get("precision",
+                                                                                 "fp32"))
+            model = load_model(run_dir, checkpoint, cfg, vocab_size)
+        except UNREADABLE as e:  # damaged: the one before it, as a resume does
+            damaged.append((path, first_line(e)))
+            continue
+        warn_damaged(damaged, f"scoring {checkpoint.where()}")
+        return checkpoint, cfg, model
+    raise ConfigError(f"--run {run_dir}: no checkpoint in {folder} loads (damaged: "
+                      f"{', '.join(os.path.basename(p) for p, _ in damaged)}); restore the files "
+                      "from a backup")
 
 
 def logged_config(run_dir):
@@ -233,22 +264,20 @@ def export(model, vocab, export_dir):
 
 def main(argv=None):
     args = parse_args(argv)
-    checkpoint = Checkpoint(args.run)
-    cfg = dict(checkpoint.cfg)
-    # the run's precision (runs logged before the key existed trained in fp32), or --precision
-    trained_in = cfg.get("precision", "fp32")
-    cfg["precision"] = args.precision or trained_in
-    precision = f"precision {cfg['precision']} " + (
-        f"(--precision; the run trained in {trained_in})" if args.precision else "(the run's)")
-    note = hardware.precision_note(cfg)
-    if note:
-        print(note, file=sys.stderr, flush=True)
+    paths = run_checkpoints(args.run)
     if args.command == "perplexity":
         corpus = ptb.load_corpus(corpus_path(args.run, args.data_path))
         vocab = run_vocab(args.run, corpus)
     else:
         vocab = run_vocab(args.run, data_path=args.data_path)
-    model = load_model(args.run, checkpoint, cfg, len(vocab))
+    checkpoint, cfg, model = newest_model(args.run, paths, args.precision, len(vocab))
+    # the run's precision (runs logged before the key existed trained in fp32), or --precision
+    trained_in = checkpoint.cfg.get("precision", "fp32")
+    precision = f"precision {cfg['precision']} " + (
+        f"(--precision; the run trained in {trained_in})" if args.precision else "(the run's)")
+    note = hardware.precision_note(cfg)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     if args.command == "perplexity":
         batch = cfg["eval_batch_size"] if args.batch_size is None else args.batch_size
         steps = cfg["eval_num_steps"] if args.num_steps is None else args.num_steps

@@ -313,6 +313,14 @@ def test_resume_skips_a_damaged_newest_checkpoint(ranks, corpus, tmp_path):
     assert go([*args, "--set", "num_epochs=3"]).returncode == 0
     data = out / "checkpoints" / "ckpt-3.data-00000-of-00001"
     os.truncate(data, data.stat().st_size // 2)  # a copy cut short, a disk error
+    # evaluate.py takes the same one as the resume below, and says so the same way
+    r = run_script(["evaluate.py", "perplexity", "--run", str(out), "--data_path", corpus,
+                    "--eval_steps", "2"])
+    assert r.returncode == 0 and r.stdout.strip().endswith(
+        "| checkpoint ckpt-2, the end of epoch 2 | precision fp32 (the run's)"), r.stdout + r.stderr
+    assert r.stderr.startswith(f"warning: checkpoint {out}/checkpoints/ckpt-3 is damaged (") and \
+        r.stderr.endswith("); scoring ckpt-2, the end of epoch 2\n") and \
+        r.stderr.count("\n") == 1, r.stderr
     r = go([*args, "--set", "num_epochs=4", "--resume"])
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]

@@ -51,7 +51,7 @@ def test_perplexity_in_a_process_where_horovod_cannot_be_imported(trained):
 
 
 def trained_model(run, vocab_size):
-    checkpoint = evaluate.Checkpoint(run)
+    checkpoint = evaluate.Checkpoint(run, evaluate.run_checkpoints(run)[0])
     return evaluate.load_model(run, checkpoint, checkpoint.cfg, vocab_size)
 
 
@@ -111,7 +111,7 @@ def test_perplexity_says_its_precision_and_runs_either_on_the_same_checkpoint(tr
     # the same checkpoint in the two precisions, in this process: bf16 really ran
     corpus = ptb.load_corpus(data)
     scores = {}
-    checkpoint = evaluate.Checkpoint(run)
+    checkpoint = evaluate.Checkpoint(run, evaluate.run_checkpoints(run)[0])
     for precision in ("fp32", "bf16"):
         cfg = dict(checkpoint.cfg, precision=precision)
         model = evaluate.load_model(run, checkpoint, cfg, len(corpus.vocab))
@@ -340,3 +340,17 @@ def test_perplexity_scores_the_newest_checkpoint_in_the_precision_it_was_trained
     term_once_saved(job, os.path.join(run, "checkpoints", "steps", "ckpt-95.index"))
     assert perplexity(run).endswith("| checkpoint steps/ckpt-95, epoch 3 step 15 | precision "
                                     "bf16 (the run's)")
+    # newest by where the training stood, not by the files' times: a copy that left the epoch
+    # ends' pointer the newer file (as a copy may) still scores the step checkpoint, and the
+    # step checkpoint of epoch 2 (ckpt-70: 40 steps an epoch, 30 into the second) is older than
+    # the end of epoch 2 whatever its time
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    later = time.time() + 100
+    os.utime(copy / "checkpoints" / "checkpoint", (later, later))
+    assert perplexity(copy).endswith("| checkpoint steps/ckpt-95, epoch 3 step 15 | precision "
+                                     "bf16 (the run's)")
+    from utils.checkpoints import newest_first
+    names = [os.path.relpath(p, copy / "checkpoints") for p in
+             newest_first(str(copy / "checkpoints"))]
+    assert names == ["steps/ckpt-95", "ckpt-2", "steps/ckpt-70", "ckpt-1"], names

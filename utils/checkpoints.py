@@ -123,7 +123,7 @@ class Checkpoints:
                 raise ConfigError(f"--resume: the vocabulary of --data_path differs from the "
                                   f"run's {self.vocab_path}; resume with the data it was "
                                   "trained on")
-            if not self._candidates():
+            if not newest_first(self.folder):
                 print(f"{PREFIX} --resume: no checkpoint in {self.folder} yet, so this run "
                       "starts afresh", flush=True)
                 os.makedirs(self.output_dir, exist_ok=True)
@@ -241,21 +241,11 @@ class Checkpoints:
             for path in glob.glob(os.path.join(folder, "*_temp*")):
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
-    def _candidates(self):
-        """Checkpoints newest first: those inside the epoch after the newest epoch end, then
-        the epoch ends. One inside an epoch is newer when its epochs done are at least those of
-        the newest epoch end (a crash between an epoch end and the next save leaves older ones)."""
-        ends = list(reversed(self.manager.checkpoints))
-        newest_end = (epochs_in(ends[0]) if ends else None) or 0
-        inside = [p for p in reversed(self.in_epoch_manager.checkpoints)
-                  if (epochs_in(p) or 0) >= newest_end]
-        return inside + ends
-
     def restore_latest(self):
         """Restore the newest checkpoint that loads; returns its Position. A damaged one (a
         truncated file, say) is named in a warning and skipped for the one before it; one saved
         for another model size stops with the config to use."""
-        candidates = self._candidates()
+        candidates = newest_first(self.folder)
         if not candidates:
             raise ConfigError(f"--resume: no checkpoint in {self.folder}; drop --resume to start "
                               "afresh or point --output_dir at the run to continue")
@@ -272,12 +262,10 @@ class Checkpoints:
                 raise ConfigError(f"--resume: checkpoint {path} does not fit this config "
                                   f"({first_line(e)}); resume with the config it was trained "
                                   "with") from None
-            except (IndexError, tf.errors.OpError) as e:  # unreadable: try the one before
+            except UNREADABLE as e:  # damaged: try the one before
                 damaged.append((path, first_line(e)))
                 continue
-            for bad, why in damaged:
-                print(f"warning: checkpoint {bad} is damaged ({why}); resuming from {path}",
-                      file=sys.stderr, flush=True)
+            warn_damaged(damaged, f"resuming from {path}")
             self.restored = path
             return self.position(path)
         raise ConfigError(f"--resume: no checkpoint in {self.folder} loads (damaged: "
@@ -294,10 +282,59 @@ class Checkpoints:
                         [v.numpy() for v in self.in_epoch.state])
 
 
-def epochs_in(path):
-    """The epochs done recorded in a checkpoint, None if it cannot be read."""
-    try:
-        return int(tf.train.load_checkpoint(path).get_tensor(
-            "epochs_done/.ATTRIBUTES/VARIABLE_VALUE"))
-    except (tf.errors.OpError, ValueError):
-        return None
+# What reading a damaged checkpoint raises (a data file cut short: IndexError, "Read less bytes
+# than requested")
+UNREADABLE = (IndexError, tf.errors.OpError)
+EPOCHS_KEY = "epochs_done/.ATTRIBUTES/VARIABLE_VALUE"
+IN_EPOCH_STEP_KEY = "in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def newest_first(folder):
+    """The run's checkpoints in `folder` (its epoch ends) and in IN_EPOCH there (its saves inside
+    an epoch), as their pointer files list them, the newest first: the one order of "newest"
+    for a resume and for evaluate.py. Newest is furthest in the training, read from the names,
+    so that a damaged checkpoint keeps its place: an epoch end is numbered by its epochs done,
+    a save inside an epoch by the optimizer's step, which the steps of an epoch (read from one
+    checkpoint that has them) turn into its epochs done and steps into the next. Not by the
+    files' times, which a copy of the run folder changes."""
+    ends = _listed(folder)
+    inside = _listed(os.path.join(folder, IN_EPOCH))
+    steps = _steps_per_epoch(inside + ends)
+
+    def where(path):
+        number = int(path.rsplit("-", 1)[1])
+        if path in ends:
+            return number, 0
+        return divmod(number, steps) if steps else (0, number)
+    return sorted(ends + inside, key=where, reverse=True)
+
+
+def _listed(folder):
+    """The checkpoints the pointer file in `folder` lists, oldest first ([] without one)."""
+    state = tf.train.get_checkpoint_state(folder)
+    return list(state.all_model_checkpoint_paths) if state else []
+
+
+def _steps_per_epoch(paths):
+    """An epoch's training steps, from the first of `paths` that records them: its optimizer
+    step count less its steps into the epoch, over its epochs done; None if none does (every one
+    in the first epoch, or unreadable)."""
+    for path in paths:
+        try:
+            reader = tf.train.load_checkpoint(path)
+            epochs = int(reader.get_tensor(EPOCHS_KEY))
+            key = next((k for k in STEP_KEYS.values() if reader.has_tensor(k)), None)
+            if epochs and key:
+                into = int(reader.get_tensor(IN_EPOCH_STEP_KEY)) \
+                    if reader.has_tensor(IN_EPOCH_STEP_KEY) else 0
+                return (int(reader.get_tensor(key)) - into) // epochs
+        except (*UNREADABLE, ValueError):
+            continue
+    return None
+
+
+def warn_damaged(damaged, instead):
+    """A line for each damaged checkpoint newer than the one taken, saying what is done instead."""
+    for path, why in damaged:
+        print(f"warning: checkpoint {path} is damaged ({why}); {instead}", file=sys.stderr,
+              flush=True)
