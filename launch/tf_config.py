@@ -101,7 +101,7 @@ def run_workers(n, command, grace):
     return 0
 
 
-def main(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", "--workers", type=int, default=0, help="workers to start on this host")
     p.add_argument("--print", dest="hosts", default="",
@@ -112,6 +112,11 @@ def main(argv=None):
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds the other workers get to stop after one failed")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the worker's command")
+    return p
+
+
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.hosts:

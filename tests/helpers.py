@@ -35,7 +35,7 @@ def horovodrun(hosts_file, args, cooldown=None, env=None):
     by launch/discover_hosts.sh from `hosts_file`; in a session of its own (to be killed whole)."""
     bin_dir = os.path.dirname(sys.executable)
     cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-           "--host-discovery-script", os.path.join(REPO, "launch", "discover_hosts.sh"),
+           "--host-discovery-script", os.path.join(REPO, "launch/discover_hosts.sh"),
            *(["--blacklist-cooldown-range", *map(str, cooldown)] if cooldown else []),
            sys.executable, "lm_ptb_elastic.py", *args]
     env = script_env({"ELASTIC_HOSTS": str(hosts_file),

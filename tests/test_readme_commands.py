@@ -1,7 +1,10 @@
-"""Every command in the code blocks of README and docs/launching.md (its flags, one link away) is
-run by some test: a command they show and no test runs fails here. COVERED says which test runs
-each (a bounded variant: fewer steps, the tiny config); NOT_HERE lists, by name, the commands
-that need what this machine lacks."""
+"""Every command in the code blocks of README and docs/launching.md (its flags, one link away):
+its flags are taken by the parser of the program that reads them (the trainers', evaluate.py's,
+the launchers', horovodrun's; make's targets through make -n), and it is run by some test. COVERED
+says which test runs each (a bounded variant: fewer steps, the tiny config), and that test's code
+(its string constants, docstrings and comments not counted, through the functions it really
+calls) names the command's program, files and action; NOT_HERE lists, by name, the commands that
+need what this machine lacks."""
 import ast
 import os
 import re
@@ -85,32 +88,101 @@ def command_words(command):
 
 
 HELPER_MODULES = ("tests/helpers.py", "tests/slurm.py", "scripts/twohosts.py")  # command builders
+RUNS_README_LINES = "<calls readme_commands()>"  # what code_strings gives for such a call
 
 
-def source_of_test(test):
-    """The source of `path::name`'s function and of every function it calls, in turn, that is
-    defined in its file or in HELPER_MODULES (where tests build their mpirun, horovodrun and
-    sbatch commands)."""
+def _functions(module):
+    """{name: node} of the module's functions and of its classes' methods ("Class.method")."""
+    tree = ast.parse(open(os.path.join(REPO, module)).read())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            found.update({f"{node.name}.{item.name}": item for item in node.body
+                          if isinstance(item, ast.FunctionDef)})
+    return tree, found
+
+
+def _helper_names(tree):
+    """Of a test file's imports, {name: helper module} for functions imported by name from a
+    helper module, and {alias: helper module} for a helper module imported whole."""
+    modules = {m.removesuffix(".py").replace("/", "."): m for m in HELPER_MODULES}
+    names, aliases = {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module in modules:
+            names.update({a.asname or a.name: modules[node.module] for a in node.names})
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in modules:
+                    aliases[a.asname or a.name] = modules[f"{node.module}.{a.name}"]
+    return names, aliases
+
+
+def code_strings(test):
+    """The string constants in the code (not the docstrings, and never the comments) of
+    `path::name`'s function and of every function it calls, in turn, that is one of its own
+    file's, called by its name, or a helper module's (HELPER_MODULES, where tests build their
+    mpirun, horovodrun and sbatch commands) that the file imports: by its name, through the
+    module (twohosts.f), or a method of a helper's class on `self`. A call of a stdlib or
+    package function of the same name (subprocess.run) leads nowhere."""
     path, name = test.split("::")
-    functions = {}
-    for module in (*HELPER_MODULES, path):
-        source = open(os.path.join(REPO, module)).read()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.FunctionDef):
-                functions[node.name] = (node, ast.get_source_segment(source, node))
-    assert name in functions, f"{test}: no such test function"
-    seen, todo, parts = set(), [name], []
+    tree, own = _functions(path)
+    assert name in own, f"{test}: no such test function"
+    names, aliases = _helper_names(tree)
+    helpers = {module: _functions(module)[1] for module in HELPER_MODULES}
+    strings, seen, todo = [], set(), [(path, own, name)]
     while todo:
-        current = todo.pop()
-        if current in seen or current not in functions:
+        module, functions, current = todo.pop()
+        if (module, current) in seen or current not in functions:
             continue
-        seen.add(current)
-        node, text = functions[current]
-        parts.append(text)
-        todo += [n.func.id if isinstance(n.func, ast.Name) else n.func.attr
-                 for n in ast.walk(node) if isinstance(n, ast.Call)
-                 and isinstance(n.func, (ast.Name, ast.Attribute))]
-    return "\n".join(parts)
+        seen.add((module, current))
+        cls = current.split(".")[0] if "." in current else None  # a method's class
+        node = functions[current]
+        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        for sub in (sub for part in body for sub in ast.walk(part)):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                strings.append(sub.value)
+            if not isinstance(sub, ast.Call):
+                continue
+            call = sub.func
+            if isinstance(call, ast.Name):
+                if call.id == "readme_commands":
+                    strings.append(RUNS_README_LINES)
+                elif call.id in functions:  # its own module's (a test's, or a helper's)
+                    todo.append((module, functions, call.id))
+                elif call.id in names and module == path:
+                    todo.append((names[call.id], helpers[names[call.id]], call.id))
+            elif isinstance(call, ast.Attribute) and isinstance(call.value, ast.Name):
+                if call.value.id in aliases and module == path:
+                    origin = aliases[call.value.id]
+                    todo.append((origin, helpers[origin], call.attr))
+                elif call.value.id == "self" and cls:
+                    todo.append((module, functions, f"{cls}.{call.attr}"))
+    return strings
+
+
+def test_code_strings_read_code_only_and_follow_only_real_calls(tmp_path):
+    """The source check's reader, on a hand-made test file: a word in a docstring or a comment
+    is not run, and subprocess.run is not tests/slurm.py's Slurm.run."""
+    module = tmp_path / "test_fake.py"
+    module.write_text(
+        "import subprocess\n"
+        "from tests.helpers import run_script\n\n"
+        "def helper():\n"
+        "    return ['lm_ptb_elastic.py']\n\n"
+        "def test_x():\n"
+        "    \"\"\"runs lm_ptb_distributed.py\"\"\"\n"
+        "    # mpirun -np 2 lm_ptb_tf_distribute.py\n"
+        "    subprocess.run(['true'])\n"
+        "    helper()\n"
+        "    run_script(['evaluate.py'])\n")
+    strings = code_strings(f"{module}::test_x")
+    joined = " ".join(strings)
+    assert "lm_ptb_elastic.py" in joined and "evaluate.py" in joined  # its own and a helper's
+    assert "lm_ptb_distributed.py" not in joined and "lm_ptb_tf_distribute.py" not in joined
+    assert "sbatch" not in joined  # Slurm.run (tests/slurm.py) not followed from subprocess.run
+    assert "mpirun" not in joined  # helpers.mpirun never called: not read
 
 
 def test_every_readme_command_is_run_by_a_named_test():
@@ -125,10 +197,10 @@ def test_every_readme_command_is_run_by_a_named_test():
         test = COVERED.get(command, "")
         if not test.startswith("tests/"):
             continue
-        source = source_of_test(test)
-        if "readme_commands(" in source:
+        strings = code_strings(test)
+        if RUNS_README_LINES in strings:  # it runs the lines readme_commands() reads
             continue
-        lacking = [w for w in command_words(command) if w not in source]
+        lacking = [w for w in command_words(command) if not any(w in t for t in strings)]
         if lacking:
             unrun.append(f"{test} runs no {' '.join(lacking)} of `{command}`")
     assert not unrun, unrun
@@ -136,9 +208,10 @@ def test_every_readme_command_is_run_by_a_named_test():
 
 def test_the_check_of_a_command_fails_on_a_test_that_does_not_run_it():
     """The check above, against this file's own tests: the help test runs make, not train."""
-    source = source_of_test(
+    strings = code_strings(
         "tests/test_readme_commands.py::test_make_help_lists_every_target_with_what_it_does")
-    assert [w for w in command_words("make train") if w not in source] == ["train"]
+    assert [w for w in command_words("make train") if not any(w in t for t in strings)] == \
+        ["train"]
     assert command_words("TRAINER=tf.distribute sbatch launch/slurm.sbatch") == [
         "tf.distribute", "sbatch", "launch/slurm.sbatch"]
     assert command_words("python evaluate.py generate --run runs/x --length 3") == [
@@ -182,3 +255,85 @@ def test_make_help_lists_every_target_with_what_it_does():
         listed[m.group(1)] = m.group(2)
     assert len(listed) == len(r.stdout.splitlines())  # no target twice
     assert sorted(listed) == sorted(phony.group(1).split())
+
+
+TRAINERS = ("lm_ptb.py", "lm_ptb_distributed.py", "lm_ptb_elastic.py", "lm_ptb_tf_distribute.py")
+
+
+def parsed(words):
+    """The repository's Python programs in a command's words, each parsed by its own parser:
+    [(program, parsed args)], a launcher's first, then the script it starts. mpirun's own flags
+    are Open MPI's (the tests run those commands); horovodrun's are parsed by Horovod's parser."""
+    import importlib
+    sys.path.insert(0, os.path.join(REPO, "launch"))
+    from utils import config
+    while words and "=" in words[0]:
+        words = words[1:]
+    program, rest = words[0], words[1:]
+    if program == "mpirun":
+        return parsed(rest[rest.index("python"):])
+    if program == "horovodrun":
+        from horovod.runner import launch
+        saved, sys.argv = sys.argv, ["horovodrun", *rest]
+        try:
+            args = launch.parse_args()
+        finally:
+            sys.argv = saved
+        return [("horovodrun", args), *parsed(args.command)]
+    if program == "python":
+        program, rest = rest[0], rest[1:]
+    if program == "launch/tf_config.py":
+        args = importlib.import_module("tf_config").parser().parse_args(rest)
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        return [(program, args), *(parsed(command) if command else [])]
+    if program in TRAINERS:
+        args = config.parse_args(rest)
+        config.load_config(args.config, args.set)  # the config and its --set keys
+        return [(program, args)]
+    if program == "evaluate.py":
+        import evaluate
+        return [(program, evaluate.parse_args(rest))]
+    return []
+
+
+def test_every_readme_commands_flags_are_taken_by_the_parser_that_reads_them():
+    """Each README and docs/launching.md command's flags, given to the parser of the program
+    that takes them (a renamed or dropped flag fails here), and each make command's target and
+    variables through make itself, dry (-n)."""
+    taken, refused = 0, []
+    for command in readme_commands():
+        words = shlex.split(command)
+        try:
+            programs = parsed(words)
+        except SystemExit as e:  # argparse's refusal, its message on stderr
+            refused.append(f"`{command}`: exit {e.code}")
+            continue
+        taken += len(programs)
+        make = [w for w in words if "=" not in w][:1] == ["make"]
+        if make:
+            r = subprocess.run(["make", "-n", *words[words.index("make") + 1:],
+                                *[w for w in words[:words.index("make")]]],
+                               cwd=REPO, capture_output=True, text=True, timeout=60)
+            if r.returncode:
+                refused.append(f"`{command}`: {r.stderr.strip()}")
+            taken += 1
+    assert taken >= 15, taken
+    assert not refused, refused
+
+
+def test_a_flag_no_parser_takes_is_refused():
+    """The check above fails for a trainer flag or a --set key that does not exist."""
+    import pytest
+    with pytest.raises(SystemExit):
+        parsed(shlex.split("python lm_ptb.py --config config_small --epochs 3"))
+    from utils.config import ConfigError
+    with pytest.raises(ConfigError):
+        parsed(shlex.split("mpirun -np 2 python lm_ptb_distributed.py --set num_epoch=3"))
+    with pytest.raises(SystemExit):
+        parsed(shlex.split("horovodrun -np 2 --no-such-flag python lm_ptb_elastic.py"))
+    # a launcher's command is parsed too
+    assert [p for p, _ in parsed(shlex.split(
+        "python launch/tf_config.py -n 2 -- python lm_ptb_tf_distribute.py --config config_small"
+    ))] == ["launch/tf_config.py", "lm_ptb_tf_distribute.py"]
+    with pytest.raises(SystemExit):
+        parsed(shlex.split("python launch/tf_config.py -n 2 -- python evaluate.py perplexity"))
