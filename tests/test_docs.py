@@ -103,3 +103,13 @@ def test_no_line_shows_a_tf_keras_only_call_as_the_default():
                   re.finditer(r"(?:code|it) sets TF_USE_LEGACY_KERAS=1 \S+ so that[^.;]*", text)]
     assert checked > 80, checked
     assert not stale, "tf-keras-only lines not marked as such:\n" + "\n".join(stale)
+
+
+def test_results_holds_what_runs_wrote_and_no_code():
+    """Scripts live where code does (scripts/probes/ for the probes whose logs are in results/),
+    so that results/ is never imported from, nor drawn above the code it measured."""
+    files = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert len(files) > 100, len(files)
+    code = [f for f in files if f.endswith((".py", ".sh"))]
+    assert not code, f"code under results/ (move it to scripts/probes/): {code}"

@@ -2,7 +2,7 @@
 lost host) or SIGSTOPped (a frozen one): the class that the trainer's last line names, N tries
 of each. Run from the repository's root:
 
-    .venv/bin/python results/tf-distribute-peer-errors/probe.py 5 kill stop
+    .venv/bin/python scripts/probes/tf_distribute_peer_errors.py 5 kill stop
 """
 import os
 import pathlib

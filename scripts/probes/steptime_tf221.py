@@ -1,6 +1,6 @@
 """Median small train-step time (ms) of this venv, one config of env settings; run in turns."""
 import os, sys, time, statistics, json
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import utils  # noqa: sets TF_USE_LEGACY_KERAS where tf_keras exists
 import tensorflow as tf
 from utils import config, training

@@ -2,7 +2,7 @@
 
 Run with the GPU wheel (pip install tensorflow==2.21.0, no GPU needed: kernels are registered
 when the library loads) in a venv of its own:
-    python probe.py
+    python scripts/probes/bf16_gpu_kernels.py
 """
 import tensorflow as tf
 from tensorflow.python.framework import kernels

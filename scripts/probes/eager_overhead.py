@@ -1,7 +1,7 @@
 """Per-step eager work of train_epoch around the compiled step (slicing one window out of the
 epoch's tensors, adding the loss to the pending sum), in microseconds, median of 5 x 2000."""
 import os, statistics, sys, time
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import utils  # noqa: F401
 import numpy as np
 import tensorflow as tf

@@ -2,14 +2,14 @@
 then the run goes on as usual. --autograph_in_horovod puts back what Horovod 0.28.1 does
 without patch 09: its allreduce subgraphs traced with AutoGraph. From the repo:
   mpirun --allow-run-as-root --oversubscribe -bind-to none -np 2 .venv/bin/python \\
-      results/stack/ci/first_trace.py [--autograph_in_horovod] --config tests/config_tiny.py \\
+      scripts/probes/first_trace.py [--autograph_in_horovod] --config tests/config_tiny.py \\
       --data_path ../shared/data/ptb --output_dir /tmp/ft --set num_epochs=1 \\
       --set steps_per_epoch=20 --set eval_steps=2"""
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 import lm_ptb_distributed  # noqa: E402
 from utils import training  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Ideas for small's step tried on 2026-11-24 (issue #30), each against the current path, timed
 in turns (5 rounds of 20-30 reps, medians; benchmark.timed_alternately). Run from the repository:
-.venv/bin/python results/small-step-tries/tries.py"""
+.venv/bin/python scripts/probes/small_step_tries.py"""
 import os
 import statistics
 import sys

@@ -1,5 +1,5 @@
 # The trainer loop's parts timed in one process, in turns (from the repository root):
-#   PTB_DATA_PATH=... TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python results/stack-tf2.21/looptime-2116/loopparts.py 15
+#   PTB_DATA_PATH=... TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python scripts/probes/loopparts.py 15
 # and the same with .venv-tf2.15/bin/python. Ms per step, median of 15 rounds of 10 steps.
 import os, sys, time, statistics
 sys.path.insert(0, os.getcwd())  # run from the repository root

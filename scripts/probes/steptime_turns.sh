@@ -4,7 +4,7 @@ cd /work/main
 for r in 1 2 3; do
   while IFS='|' read -r label envs py th; do
     [ -z "$label" ] && continue
-    out=$(env $envs $py results/stack-tf2.21/steptime-1733/steptime.py $th 2>/dev/null | tail -1)
+    out=$(env $envs $py scripts/probes/steptime_tf221.py $th 2>/dev/null | tail -1)
     echo "round $r | $label | $out"
   done < "$1"
 done

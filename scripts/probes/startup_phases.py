@@ -2,13 +2,13 @@
 download_on_chief, load_corpus, check_ranks_agree, build, distributed_optimizer and
 resume_together, then from after the imports to the first epoch, where it exits. From the repo:
   mpirun --allow-run-as-root --oversubscribe -bind-to none -np 2 .venv/bin/python \\
-      results/stack/ci/startup_phases.py --config tests/config_tiny.py \\
+      scripts/probes/startup_phases.py --config tests/config_tiny.py \\
       --data_path ../shared/data/ptb --output_dir /tmp/su"""
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 import horovod_steps  # noqa: E402
 import lm_ptb_distributed  # noqa: E402
 from data import ptb  # noqa: E402

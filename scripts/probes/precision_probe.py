@@ -5,7 +5,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 from scripts.record_env import cpu_model  # noqa: E402
 from utils import import_tensorflow, training  # noqa: E402
 
