@@ -30,14 +30,15 @@ def need_root():
         pytest.skip("needs root for ip netns")
 
 
-def horovodrun(hosts_file, args, cooldown=None, env=None):
+def horovodrun(hosts_file, args, cooldown=None, env=None, prefix=()):
     """lm_ptb_elastic.py under horovodrun's elastic driver, 1 to 2 workers, the hosts listed
-    by launch/discover_hosts.sh from `hosts_file`; in a session of its own (to be killed whole)."""
+    by launch/discover_hosts.sh from `hosts_file`; in a session of its own (to be killed whole).
+    prefix: a runner's path and arguments before the script's (tests/trace_trainer.py)."""
     bin_dir = os.path.dirname(sys.executable)
     cmd = [os.path.join(bin_dir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", os.path.join(REPO, "launch/discover_hosts.sh"),
            *(["--blacklist-cooldown-range", *map(str, cooldown)] if cooldown else []),
-           sys.executable, "lm_ptb_elastic.py", *args]
+           sys.executable, *prefix, "lm_ptb_elastic.py", *args]
     env = script_env({"ELASTIC_HOSTS": str(hosts_file),
                       "PATH": bin_dir + os.pathsep + os.environ["PATH"], **(env or {})})
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -102,20 +103,21 @@ def patterned_sentences(n, seed=0):
             for _ in range(n)]
 
 
-def mpirun(*apps, timeout=420, extra=(), env=None, stand_in_gpus=None):
+def mpirun(*apps, timeout=420, extra=(), env=None, stand_in_gpus=None, prefix=()):
     """Run lm_ptb_distributed.py under mpirun: each app is (nprocs, its arguments), the ranks
     numbered in the apps' order. Several apps run through tests/per_rank.py, not mpirun's MPMD
     form, which Debian 13's Open MPI cannot run (see there). The timeout bounds a hang, not the
     speed: 2,000 tiny steps of 2 ranks outgrew 180 s on a 2-core AVX2-only EPYC while make
     test's other worker and CI's fresh-machine build shared the cores. stand_in_gpus=N: each
-    rank sees N GPUs of tests/stand_in_gpus.py (one app only)."""
+    rank sees N GPUs of tests/stand_in_gpus.py; prefix: a runner's path and arguments before the
+    script's (tests/trace_trainer.py); one app only for either."""
     cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
            "-bind-to", "none", "-x", "PYTHONUNBUFFERED=1", *extra,
            "-np", str(sum(n for n, _ in apps)), sys.executable]
     if len(apps) == 1:
-        stand_in = [os.path.join("tests", "stand_in_gpus.py"), str(stand_in_gpus)]
-        cmd += [*(stand_in if stand_in_gpus is not None else []), "lm_ptb_distributed.py",
-                *apps[0][1]]
+        if stand_in_gpus is not None:
+            prefix = [os.path.join("tests", "stand_in_gpus.py"), str(stand_in_gpus), *prefix]
+        cmd += [*prefix, "lm_ptb_distributed.py", *apps[0][1]]
     else:
         cmd += [os.path.join("tests", "per_rank.py"),
                 json.dumps([list(args) for n, args in apps for _ in range(n)])]
