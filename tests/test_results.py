@@ -282,10 +282,12 @@ def test_a_keras3_run_is_a_row_of_its_own_beside_the_tf_keras_run_of_the_same_ro
     keras3 = dict(run("full", 2, [epoch(1, 52.0, 61.61, 90.0), epoch(2, 49.0, 59.4, 90.0),
                                   {"event": "test", "test_ppl": 57.42}]),
                   env=dict(env, keras="3.15.1"), name="small-2workers-keras3")
+    # README: a row per config from the code as shipped (Keras 3), else tf-keras's, labelled
+    assert results.results_block([legacy])[2].startswith(
+        "| small, tf-keras | 2 | 50.00 | 60.00 | 58.00 | 100 s |")
     rows = results.results_block([legacy, keras3])
-    assert rows[2].startswith("| small | 2 | 50.00 | 60.00 | 58.00 | 100 s |")
-    assert rows[3].startswith("| small, Keras 3 | 2 | 49.00 | 59.40 | 57.42 | 90 s |")
-    assert len(rows) == 4
+    assert rows[2].startswith("| small, Keras 3 | 2 | 49.00 | 59.40 | 57.42 | 90 s |")
+    assert len(rows) == 3
     assert results.keras3_table([legacy, keras3])[2:] == [
         "| small | 2 | 1 | 61.61 | 61.00 | +1.00 % |",
         "| small | 2 | 2 | 59.40 | 60.00 | -1.00 % |",
@@ -306,3 +308,29 @@ def test_a_run_is_read_under_the_config_of_its_newest_start(tmp_path, monkeypatc
     monkeypatch.setattr(results, "RUNS", str(tmp_path))
     run = results.load("small-1workers")
     assert run["config"]["num_epochs"] == 13 and run["workers"] == 1
+
+
+def test_a_config_trained_with_several_seeds_is_one_row_of_their_mean_and_the_tests_range():
+    """Three seeds of `make reproduce SEED=N` (folders ...-seedN), two finished, one running:
+    README's row averages the finished ones (train, valid, test) and gives the tests' range;
+    results/README.md has each seed's row, with its commit."""
+    env = {"cpu": "AMD EPYC", "cores": 2, "keras": "3.15.1", "commit": "abc1234"}
+
+    def seeded(seed, kind, train, valid, test, seconds):
+        events = [epoch(1, train + 10, valid + 10, seconds), epoch(2, train, valid, seconds)]
+        return dict(run(kind, 2, events + ([{"event": "test", "test_ppl": test}] if test else [])),
+                    env=env, name=f"small-2workers-seed{seed}",
+                    command=f"mpirun -np 2 python lm_ptb_distributed.py --seed {seed}")
+    runs = [seeded(2, "full", 41.0, 120.0, 116.0, 300.0),
+            seeded(1, "full", 40.0, 119.0, 114.0, 280.0),
+            seeded(3, "running", 45.0, 125.0, None, 290.0)]
+    runs[2]["events"] = runs[2]["events"][:1]  # the running one: 1 epoch so far
+    row = results.results_block(runs)[2]
+    assert row.startswith("| small, Keras 3, seeds 1, 2 | 2; seed 3: 1 so far | 40.50 | 119.50 | "
+                          "115.00 (114.00-116.00) | 290 s | — | 114.72 / 115.91 / 114.5 | "
+                          "AMD EPYC, 2 cores |"), row
+    every = results.every_row(runs)
+    assert [r.split(" | ")[0] for r in every[2:]] == [
+        "| small, Keras 3, seed 1, commit abc1234", "| small, Keras 3, seed 2, commit abc1234",
+        "| small, Keras 3, seed 3, commit abc1234"]
+    assert results.seed_of({"command": "python lm_ptb.py --config config_small"}) == 1234
