@@ -21,6 +21,19 @@ def script_env(extra=None):
     return env
 
 
+def run_runner(setup, usage):
+    """The main() of a runner run as `python tests/RUNNER.py ARG SCRIPT [ARGS...]` under the
+    script's own launcher (tests/stand_in_gpus.py, tests/trace_trainer.py): setup(ARG), then
+    SCRIPT as __main__ with ARGS, in this process."""
+    import runpy
+    if len(sys.argv) < 3:
+        sys.exit(usage)
+    setup(sys.argv[1])
+    script = sys.argv[2]
+    sys.argv = [script, *sys.argv[3:]]
+    runpy.run_path(script, run_name="__main__")
+
+
 def need_root():
     """The network-namespace tests run as root only: skipped for a user, a failure in CI."""
     import pytest

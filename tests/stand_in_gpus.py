@@ -10,11 +10,11 @@ computes on the CPU (its model chooses its kernels from the logical devices, whi
 """
 import json
 import os
-import runpy
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import utils  # noqa: E402  selects the Keras before TensorFlow loads, as every script does
+from tests.helpers import run_runner  # noqa: E402
 
 tf = utils.import_tensorflow()
 
@@ -48,14 +48,14 @@ def stand_in(count):
     tf.config.experimental.set_memory_growth = lambda device, enable: None
 
 
-def main():
-    if len(sys.argv) < 3 or not sys.argv[1].isdigit():
-        sys.exit("usage: python tests/stand_in_gpus.py N SCRIPT [ARGS...]")
-    stand_in(int(sys.argv[1]))
-    script = sys.argv[2]
-    sys.argv = [script, *sys.argv[3:]]
-    runpy.run_path(script, run_name="__main__")
+USAGE = "usage: python tests/stand_in_gpus.py N SCRIPT [ARGS...]"
+
+
+def setup(count):
+    if not count.isdigit():
+        sys.exit(USAGE)
+    stand_in(int(count))
 
 
 if __name__ == "__main__":
-    main()
+    run_runner(setup, USAGE)

@@ -7,12 +7,12 @@ process's rank as its launcher numbers it; the trainer runs unchanged but for th
 """
 import json
 import os
-import runpy
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import utils  # noqa: E402  the Keras before TensorFlow, as every script does
 from utils import checkpoints, logs, loop, watchdog  # noqa: E402
+from tests.helpers import run_runner  # noqa: E402
 
 
 def rank():
@@ -54,14 +54,6 @@ def trace(record):
            "wait" if what.startswith("the wait for") else None)
 
 
-def main():
-    if len(sys.argv) < 3:
-        sys.exit("usage: python tests/trace_trainer.py TRACE_FILE SCRIPT [ARGS...]")
-    trace(recorder(sys.argv[1]))
-    script = sys.argv[2]
-    sys.argv = [script, *sys.argv[3:]]
-    runpy.run_path(script, run_name="__main__")
-
-
 if __name__ == "__main__":
-    main()
+    run_runner(lambda path: trace(recorder(path)),
+               "usage: python tests/trace_trainer.py TRACE_FILE SCRIPT [ARGS...]")

@@ -15,7 +15,7 @@ def run_main(main, argv=None):
     try:
         main(argv)
     except (DataError, ConfigError, TrainingError, OutputError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        error_line(e)
         return 2
     except Exception as e:  # noqa: BLE001 -- only stops and Horovod's shutdown are ours
         # After a stop signal, any error is the stop: our Interrupted, or what TensorFlow made
@@ -23,12 +23,18 @@ def run_main(main, argv=None):
         signum = signals.received()
         if signum is not None:
             if signals.reports_stops():
-                print(f"error: stopped by {signal.Signals(signum).name}; {kept_text()}",
-                      file=sys.stderr, flush=True)
+                error_line(f"stopped by {signal.Signals(signum).name}; {kept_text()}")
             return 128 + signum
         if "Horovod has been shut down" not in str(e):
             raise
-        print("error: another rank stopped, so this one stops too (that rank's error says "
-              f"why); {kept_text()}", file=sys.stderr, flush=True)
+        error_line("another rank stopped, so this one stops too (that rank's error says why); "
+                   f"{kept_text()}")
         return 1
     return 0
+
+
+def error_line(text):
+    """`error: text` on stderr in one write (print writes the newline apart): under mpirun the
+    lines of ranks that fail together stay whole lines."""
+    sys.stderr.write(f"error: {text}\n")
+    sys.stderr.flush()
