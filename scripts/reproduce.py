@@ -93,7 +93,7 @@ def other_seed(args):
     return args.seed is not None and args.seed != config.DEFAULT_SEED
 
 
-def make_command(args, settings=None, checkout=REPO, sets=()):
+def make_command(args, settings=None, checkout=REPO, sets=(), target="reproduce"):
     """The make command that starts or continues this run; RUNS too where it is not the default,
     since the same command without it refuses to start the run again elsewhere, the kernel
     settings its last sitting ran with where they are not what the trainers set by default, the
@@ -105,13 +105,14 @@ def make_command(args, settings=None, checkout=REPO, sets=()):
     return " ".join([*([f"cd {checkout} &&"] if checkout != REPO else []),
                      *(f"{name}={value}" for name, value in (settings or {}).items()
                        if KERNEL_DEFAULTS.get(name) != value),
-                     f"make reproduce CONFIG={args.config}",
+                     f"make {target} CONFIG={args.config}",
                      *([f"NP={args.np}"] if args.np != 2 else []),
                      *([f"PRECISION={args.precision}"] if args.precision != "fp32" else []),
                      *([f"SEED={args.seed}"] if other_seed(args) else []),
                      *([f"RUNS={os.path.dirname(runs_dir)}"] if runs_dir != DEFAULT_RUNS_DIR
                        else []),
-                     *([f"ARGS={shlex.quote(trainer_args)}"] if trainer_args else [])])
+                     *([f"ARGS={shlex.quote(trainer_args)}"] if trainer_args and
+                       target == "reproduce" else [])])
 
 
 def continue_command(args, run_dir):
@@ -174,8 +175,9 @@ def start(args):
     run_dir, results_dir = names(args)
     pid = running(run_dir)
     if pid:
-        print(f"reproduce: already running (mpirun pid {pid}); "
-              f"`make reproduce-status CONFIG={args.config}` says where it is")
+        status = make_command(args, checkout=run_checkout(last_segment(run_dir)),
+                              target="reproduce-status")
+        print(f"reproduce: already running (mpirun pid {pid}); `{status}` says where it is")
         return 0
     resume = holds_a_run(run_dir)
     if not resume:

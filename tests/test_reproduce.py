@@ -57,7 +57,7 @@ def test_start_stop_and_continue_with_the_same_command(long_corpus, tmp_path):
     rc, out = reproduce("start", tmp_path, corpus, epochs=6)  # returns at its first line
     assert rc == 0 and "resumed" in out and "; its first line: [ptb] epoch " in out, out
     rc, out = reproduce("start", tmp_path, corpus, epochs=6)  # a second start while it runs
-    assert rc == 0 and "already running" in out, out
+    assert rc == 0 and "already running" in out and "`make reproduce-status CONFIG=" in out, out
     rc, out = reproduce("stop", tmp_path, corpus)  # the ranks end their step, rank 0 says so
     assert rc == 0 and "stopped by SIGTERM; the newest checkpoint" in out, out
     assert "stopped;" in reproduce("status", tmp_path, corpus)[1]
@@ -158,6 +158,10 @@ def test_status_line_names_the_epoch_running_and_what_is_left():
     assert words[-1].startswith("ARGS=") and shlex.split(words[-1][5:]) == [
         "--set", "num_epochs=60", "--set", "model='my_models:build'"], command
     assert make_command(args, sets=["num_epochs=60"]).endswith(" ARGS='--set num_epochs=60'")
+    # the status of that run: the same run named, without the trainer's values
+    assert make_command(args, sets=["num_epochs=60"], target="reproduce-status") == (
+        "make reproduce-status CONFIG=config_large NP=1 PRECISION=bf16 SEED=2 "
+        "RUNS=/var/tmp/ptb-runs")
     # a sitting recorded before its --set values were kept apart: those past the trainer
     # command's own two; a key given twice, its last value
     from scripts.reproduce import given_sets
