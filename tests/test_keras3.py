@@ -8,6 +8,7 @@ import sys
 import tempfile
 
 import numpy as np
+import pytest
 
 from tests.helpers import IS_ROOT, REPO, script_env
 
@@ -46,20 +47,44 @@ def test_the_tape_the_broadcast_the_optimizer_and_the_elastic_state_on_two_ranks
         assert out["elastic"] == [1.0, 0, 1.0], out
 
 
-def test_model_fit_on_two_ranks_with_the_callbacks_is_one_process_on_the_whole_batch():
+@pytest.mark.parametrize("keras", ["3", "2"], ids=["Keras 3", "tf-keras"])
+def test_model_fit_on_two_ranks_with_the_callbacks_is_one_process_on_the_whole_batch(keras):
     """Patches 10-13 in Keras 3's own model.fit: the wrapped optimizer and the broadcast, metric
     and learning-rate callbacks. Two ranks on half of each batch end with the weights and losses
     of one process on all of it; the learning rate halves each epoch as scheduled; ranks that
     start from other weights end equal, the broadcast having evened them."""
-    one = probe_on_two_ranks("tests/keras3_fit.py", ranks=1)[0]
-    two = probe_on_two_ranks("tests/keras3_fit.py")
+    choice = {"PTB_KERAS": keras}
+    one = probe_on_two_ranks("tests/fit_probe.py", ranks=1, env=choice)[0]
+    two = probe_on_two_ranks("tests/fit_probe.py", env=choice)
     for out in two.values():
         np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-5)
         np.testing.assert_allclose(out["loss"], one["loss"], rtol=1e-5)
         assert out["lr"] == one["lr"] == [float(np.float32(lr)) for lr in (0.1, 0.05, 0.025)]
     assert one["loss"][-1] < one["loss"][0] / 5  # it trained
-    apart = probe_on_two_ranks("tests/keras3_fit.py", env={"SEED_BY_RANK": "1"})
-    assert apart[0]["weights"] == apart[1]["weights"]
-    # the broadcast comes after the first batch (Horovod's way), whose update still used rank
-    # 1's own start: the ranks end equal, not equal to the evenly started run
-    assert apart[0]["weights"] != two[0]["weights"]
+    # ranks that start elsewhere: the broadcast comes before the first batch (patch 14; upstream
+    # after it, whose update averaged gradients taken at rank 1's own start), so they train as
+    # one process from the first update
+    apart = probe_on_two_ranks("tests/fit_probe.py", env=dict(choice, SEED_BY_RANK="1"))
+    for out in apart.values():
+        np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-5)
+        np.testing.assert_allclose(out["loss"], one["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("keras", ["3", "2"], ids=["Keras 3", "tf-keras"])
+def test_model_fit_resumed_by_rank_0_alone_with_adam_is_one_process_from_the_first_batch(
+        tmp_path, keras):
+    """Horovod's examples restore a checkpoint on rank 0 alone and let the broadcast callback
+    even the ranks. With Adam, rank 1 would take its first update with fresh moments and a step
+    count of 0: the callback builds the optimizer, so that rank 0's restored moments and count
+    are broadcast with the weights before the first batch (patch 14)."""
+    saved, choice = str(tmp_path / "ckpt"), {"PTB_KERAS": keras}
+    first = probe_on_two_ranks("tests/fit_probe.py", ranks=1, env=dict(choice, SAVE=saved))[0]
+    assert first["iterations"] == 4  # 64 rows, batches of 16
+    one = probe_on_two_ranks("tests/fit_probe.py", ranks=1, env=dict(choice, RESUME=saved))[0]
+    assert one["iterations"] == 4 + 3 * 4  # the restored count went on
+    two = probe_on_two_ranks("tests/fit_probe.py",
+                             env=dict(choice, RESUME=saved, SEED_BY_RANK="1"))
+    for out in two.values():
+        assert out["iterations"] == one["iterations"], out
+        np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-5)
+        np.testing.assert_allclose(out["loss"], one["loss"], rtol=1e-5)
