@@ -13,12 +13,13 @@ import pytest
 from tests.helpers import IS_ROOT, REPO, script_env
 
 
-def probe_on_two_ranks(script, ranks=2, env=None):
-    """{rank: its results} of `script` run by `ranks` ranks, each writing its own file."""
+def probe_on_two_ranks(script, ranks=2, env=None, timeout=300):
+    """{rank: its results} of `script` run by `ranks` ranks, each writing its own file; a hang
+    fails after `timeout` seconds."""
     with tempfile.TemporaryDirectory() as out:
         cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
                "-bind-to", "none", "-np", str(ranks), sys.executable, script]
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                            env=script_env(dict(env or {}, PROBE_OUT=out)))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         results = [json.load(open(os.path.join(out, name))) for name in sorted(os.listdir(out))]
@@ -88,3 +89,25 @@ def test_model_fit_resumed_by_rank_0_alone_with_adam_is_one_process_from_the_fir
         assert out["iterations"] == one["iterations"], out
         np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-5)
         np.testing.assert_allclose(out["loss"], one["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("wrap", ["inner", "outer"])
+def test_mixed_float16_skips_an_overflow_on_every_rank_together_with_one_loss_scale(wrap):
+    """Keras' mixed_float16 through model.fit, the overflowing row rank 1's alone (tests/
+    fp16_probe.py). inner: compile() wraps Horovod's optimizer in a LossScaleOptimizer, whose
+    check of the gradients came before the average, each rank's own: rank 0 went into the
+    allreduce, rank 1 skipped it, and the job hung (killed at 90 s; patch 16 makes the ranks
+    agree). outer: Horovod's optimizer wraps a LossScaleOptimizer, which failed in from_config
+    (patch 15) and checks the averaged gradients. Either way, both ranks skip the step one
+    process skips on the whole batch, keep one scale (32768 halved at each of the 2 epochs'
+    overflow), take the same updates, and run the same collectives (the one after fit pairs)."""
+    one = probe_on_two_ranks("tests/fp16_probe.py", ranks=1, env={"WRAP": wrap})[0]
+    two = probe_on_two_ranks("tests/fp16_probe.py", env={"WRAP": wrap}, timeout=180)
+    assert one["scale"] == 32768 / 4 and one["iterations"] == 2 * 4 - 2, one
+    for out in two.values():
+        assert out["wrapped"] == "LossScaleOptimizer", out
+        assert (out["scale"], out["iterations"], out["after"]) == (one["scale"],
+                                                                   one["iterations"], 1.0), out
+        # float16's rounding of a half batch against the whole one
+        np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-3)
+    assert two[0]["weights"] == two[1]["weights"]
