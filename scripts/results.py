@@ -537,7 +537,7 @@ def seeds_row(group, label):
     tests = [last(r, "test", "test_ppl") for r in done]
     spread = f" ({min(tests):.2f}-{max(tests):.2f})" if len(tests) > 1 else ""
     epochs = f"{epoch_count(done[0])}" + "".join(
-        f"; seed {seed_of(r)}: {epoch_count(r)} so far" for r in left)
+        f"; seed {seed_of(r)}: {epoch_count(r)} of {paper_epochs(name)} so far" for r in left)
     times = [epoch_time(r) for r in done]
     t = statistics.median(times)
     where = "2 workers" if done[0]["workers"] == 2 else "1 process"

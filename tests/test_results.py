@@ -326,7 +326,7 @@ def test_a_config_trained_with_several_seeds_is_one_row_of_their_mean_and_the_te
             seeded(3, "running", 45.0, 125.0, None, 290.0)]
     runs[2]["events"] = runs[2]["events"][:1]  # the running one: 1 epoch so far
     row = results.results_block(runs)[2]
-    assert row.startswith("| small, Keras 3, seeds 1, 2 | 2; seed 3: 1 so far | 40.50 | 119.50 | "
+    assert row.startswith("| small, Keras 3, seeds 1, 2 | 2; seed 3: 1 of 13 so far | 40.50 | 119.50 | "
                           "115.00 (114.00-116.00) | 290 s | — | 114.72 / 115.91 / 114.5 | "
                           "AMD EPYC, 2 cores |"), row
     every = results.every_row(runs)
