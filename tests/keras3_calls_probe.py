@@ -1,0 +1,150 @@
+"""Run by test_keras3.py under mpirun with 2 ranks: Horovod's public TensorFlow and Keras calls a
+copier of the template reaches past its own path, on Keras 3, with values each rank can
+compute by hand. Rank r's gradient of every weight is r + 1 (averaged over 2 ranks: 1.5), and
+every weight starts at 1, so after one SGD step at learning rate 0.1 an averaged weight is
+0.85. Writes one JSON file per rank ($PROBE_OUT); SAVE_TO: where rank 0 saves a model compiled
+with Horovod's optimizer."""
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import utils  # noqa: E402  first: the Keras PTB_KERAS selects (this probe: Keras 3)
+import numpy as np  # noqa: E402
+import horovod.keras as hvd_keras  # noqa: E402
+import horovod.tensorflow as hvd_tf  # noqa: E402
+import horovod.tensorflow.keras as hvd  # noqa: E402
+from keras3_probe import dense, report  # noqa: E402 -- tests/, the script's own folder
+
+tf = utils.import_tensorflow()
+keras = tf.keras
+
+
+def grads_of(*layers):
+    """Rank r's gradient, r + 1, for each layer's one weight."""
+    return [tf.ones([1, 1]) * (hvd.rank() + 1) for _ in layers]
+
+
+def weights(*layers):
+    return [round(float(layer.kernel.numpy()[0, 0]), 6) for layer in layers]
+
+
+def apply_with_an_iterator():
+    """apply() given a generator of the variables, as zip() or a comprehension gives them."""
+    layer = dense(1.0)
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.apply(grads_of(layer), (v for v in [layer.kernel]))
+    return weights(layer)
+
+
+def op_and_groups_through_the_tensorflow_wrapper():
+    """horovod.tensorflow's DistributedOptimizer of a Keras optimizer, op=Sum and groups kept:
+    the sum, 3, not the mean."""
+    layer = dense(1.0)
+    optimizer = hvd_tf.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd_tf.Sum,
+                                            groups=[[layer.kernel]])
+    optimizer.apply_gradients(zip(grads_of(layer), [layer.kernel]))
+    return weights(layer)
+
+
+def passes_and_keras_accumulation():
+    try:
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+                                 backward_passes_per_step=2)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def local_variable_in_an_elastic_job():
+    """register_local_var where HOROVOD_ELASTIC is set (the size is then a tensor): the local
+    weight keeps its own gradient over the ranks' number, (r + 1) / 2."""
+    shared, local = dense(1.0), dense(1.0)
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.register_local_var(local.kernel)
+    os.environ["HOROVOD_ELASTIC"] = "1"
+    try:
+        optimizer.apply(grads_of(shared, local), [shared.kernel, local.kernel])
+    finally:
+        del os.environ["HOROVOD_ELASTIC"]
+    return weights(shared, local)
+
+
+def partial_distributed_optimizer():
+    """horovod.keras's PartialDistributedOptimizer, one layer local."""
+    shared, local = dense(1.0), dense(1.0)
+    optimizer = hvd_keras.PartialDistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                      local_layers=[local])
+    optimizer.apply_gradients(zip(grads_of(shared, local), [shared.kernel, local.kernel]))
+    return weights(shared, local)
+
+
+def broadcast_with_local_variables():
+    """The broadcast callback with one layer's (Keras 3) variables local: model.fit with every
+    weight frozen, each starting at its rank's number; root rank 1's values reach rank 0 but for
+    the local layer's, which keep each rank's own."""
+    start = keras.initializers.Constant(float(hvd.rank()))
+    model = keras.Sequential([keras.layers.Input((2,)),
+                              keras.layers.Dense(2, kernel_initializer=start,
+                                                 bias_initializer=start, trainable=False),
+                              keras.layers.Dense(1, kernel_initializer=start,
+                                                 bias_initializer=start, trainable=False)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(
+        root_rank=1, local_variables=list(model.layers[0].variables))
+    model.fit(np.ones((2, 2), "float32"), np.ones((2, 1), "float32"), verbose=0,
+              callbacks=[callback])
+    return [sorted({float(v) for w in layer.get_weights() for v in np.ravel(w)})
+            for layer in model.layers]
+
+
+def warmup_momentum(correction):
+    """The warm-up callback over an SGD with momentum: the warnings it gives."""
+    model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(np.ones((4, 2), "float32"), np.ones((4, 1), "float32"), batch_size=2,
+                  epochs=2, verbose=0, callbacks=[hvd.callbacks.LearningRateWarmupCallback(
+                      initial_lr=0.1, warmup_epochs=1, momentum_correction=correction)])
+    return [str(w.message) for w in caught if "momentum_correction" in str(w.message)]
+
+
+def sync_batch_normalization():
+    """Rank 0's rows 1 and 3, rank 1's 5 and 7: normalized by the mean (4) and variance (5) of
+    all four."""
+    layer = hvd_tf.SyncBatchNormalization()
+    rows = tf.constant([[1.0], [3.0]]) + 4.0 * hvd.rank()
+    return [round(float(v), 5) for v in np.ravel(layer(rows, training=True))]
+
+
+def save(path):
+    """Rank 0 saves a model compiled with Horovod's optimizer (the test loads it without
+    Horovod)."""
+    model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5)),
+                  loss="mse")
+    model.fit(np.ones((4, 2), "float32"), np.ones((4, 1), "float32"), batch_size=2, verbose=0)
+    if hvd.rank() == 0:
+        model.save(path)
+    return type(model.optimizer).__module__
+
+
+def main():
+    hvd.init()
+    report({"rank": hvd.rank(), "keras": keras.__version__,
+            "apply_iterator": apply_with_an_iterator(),
+            "op_sum": op_and_groups_through_the_tensorflow_wrapper(),
+            "accumulation": passes_and_keras_accumulation(),
+            "elastic_local": local_variable_in_an_elastic_job(),
+            "partial": partial_distributed_optimizer(),
+            "broadcast_local": broadcast_with_local_variables(),
+            "warmup": warmup_momentum(True), "warmup_off": warmup_momentum(False),
+            "sync_bn": sync_batch_normalization(),
+            "saved_module": save(os.environ["SAVE_TO"])})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
