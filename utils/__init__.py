@@ -11,7 +11,7 @@ import sys
 
 # Which Keras is tf.keras: PTB_KERAS=3 is TensorFlow's own (Keras 3, what TensorFlow >= 2.16
 # installs), PTB_KERAS=2 legacy tf-keras, installed beside it (TF_USE_LEGACY_KERAS=1). Horovod
-# 0.28.1 hooks Keras 2's optimizer only; the patches in scripts/patches/ (10-13) make it average
+# 0.28.1 hooks Keras 2's optimizer only; the patches in scripts/patches/ (10-24) make it average
 # a Keras 3 optimizer's gradients too (docs/keras3.md). TensorFlow <= 2.15's tf.keras is Keras 2
 # whatever this says. Read once, before TensorFlow's first import.
 KERAS_CHOICES = ("2", "3")  # tf-keras, Keras 3
