@@ -11,8 +11,8 @@ PTB_DATA_PATH ?= data/ptb
 export PTB_DATA_PATH
 CONFIG ?= config_small
 NP ?= 2
-# PRECISION=bf16 (or fp32) overrides the config's matmul precision (docs/precision.md); a bf16
-# run has a folder of its own (runs/config_small-np2-bf16)
+# PRECISION=bf16 or fp16 (or fp32) overrides the config's matmul precision (docs/precision.md);
+# a bf16 or fp16 run has a folder of its own (runs/config_small-np2-bf16)
 PRECISION ?=
 PY := .venv/bin/python
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
@@ -20,7 +20,7 @@ RUNS ?= runs
 ARGS ?=
 TEST_WORKERS ?= 2
 # runs/config_small-np2; a config given as a path (tests/config_tiny.py) is named by its file
-RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)$(if $(filter bf16,$(PRECISION)),-bf16)
+RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)$(if $(filter bf16 fp16,$(PRECISION)),-$(PRECISION))
 PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
 # A second `make train` continues the first run instead of refusing its folder, whatever point
 # it stopped at (before its first checkpoint, --resume starts afresh and says so).

@@ -61,7 +61,7 @@ def parse_args(argv):
             s.add_argument("--seed", type=int, default=0)
         if name == "export":
             s.add_argument("--export_dir", required=True)
-        s.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+        s.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
                        help="the matmuls' precision (default: the run's; its fp32 weights load "
                             "into either)")
     args = p.parse_args(argv)

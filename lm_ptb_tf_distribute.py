@@ -145,6 +145,17 @@ def check_workers_agree(collectives, cfg, corpus, log_every):
                                      f"{', '.join(str(v) for v in workers[:, column])}); {fix}")
 
 
+def refuse_fp16(cfg):
+    """tf.distribute 3: sum_before_clipping sums the workers' gradients in the optimizer's
+    apply(), which a LossScaleOptimizer (fp16) passes to an inner optimizer that would sum them
+    again; fp16 trains with the Horovod trainers."""
+    if cfg["precision"] == "fp16":
+        raise config.ConfigError("precision='fp16' is not trained by lm_ptb_tf_distribute.py "
+                                 "(its loss scaling and the workers' sum before the clip do "
+                                 "not combine yet); train it with lm_ptb_distributed.py, or "
+                                 "choose precision='bf16' or 'fp32'")
+
+
 def sum_before_clipping(optimizer):
     """tf.distribute 3: Keras 3's optimizer clips each replica's gradient and sums them after
     (Keras 2's summed first): a sum of clipped gradients is not the global batch's clipped
@@ -233,6 +244,7 @@ def main(argv=None):
     args = config.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     config.refuse_horovod_only(cfg, "tf.distribute")  # tf.distribute 7: none would act
+    refuse_fp16(cfg)  # tf.distribute 3: its optimizer sums before the clip, not yet in fp16
     index, addresses = cluster_from_tf_config()  # tf.distribute 1
     # tf.distribute 9: the strategy waits for every worker of TF_CONFIG, for ever and holding
     # Python's lock, so a process beside this one ends the wait

@@ -61,8 +61,8 @@ def parse_args(argv):
     p.add_argument("what", nargs="?", help="shared: what ran beside the run")
     p.add_argument("--config", default="config_medium")
     p.add_argument("--np", type=int, default=2, help="Horovod workers on this host")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                   help="the matmuls' precision (default: the config's); a bf16 run has folders "
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="the matmuls' precision (default: the config's); a bf16 or fp16 run has folders "
                         "of its own")
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
     p.add_argument("--seed", type=int, default=None,
@@ -82,10 +82,10 @@ def parse_args(argv):
 def names(args):
     """(the run folder, the results folder) of this config, worker count, precision and seed."""
     size = os.path.basename(args.config).removesuffix(".py").removeprefix("config_")
-    bf16 = "-bf16" if args.precision == "bf16" else ""
+    reduced = f"-{args.precision}" if args.precision in ("bf16", "fp16") else ""
     seed = f"-seed{args.seed}" if other_seed(args) else ""
-    return (os.path.join(args.runs_dir, f"{size}-np{args.np}{bf16}{seed}"),
-            os.path.join(args.results_dir, f"{size}-{args.np}workers{bf16}{seed}"))
+    return (os.path.join(args.runs_dir, f"{size}-np{args.np}{reduced}{seed}"),
+            os.path.join(args.results_dir, f"{size}-{args.np}workers{reduced}{seed}"))
 
 
 def other_seed(args):

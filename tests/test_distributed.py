@@ -123,6 +123,35 @@ def test_two_ranks_equal_one_process_in_bf16(ptb_path, tmp_path):
     assert fp32[0] == pytest.approx(first_loss(ptb_path, TINY, values, 7, "fp32"), rel=1e-6)
 
 
+def test_two_ranks_equal_one_process_in_fp16_with_one_loss_scale(ptb_path, tmp_path):
+    """precision fp16 (float16 operands, the loss scaled by Keras 3's LossScaleOptimizer inside
+    Horovod's optimizer): the same steps on 1 and 2 ranks within float16's rounding, the same
+    loss scale and steps taken at the end (a step skipped on an overflow is skipped on both
+    ranks or on neither), and float16 ran: the first step's loss is float16's, computed here."""
+    sets = [*EQUIV_SET, "--set", "init_scale=1.0"]
+    common = ["--config", TINY, "--data_path", ptb_path, *sets, "--set", "precision='fp16'"]
+    runs = {name: tmp_path / name for name in ("single", "dist")}
+    r = run_script(["lm_ptb.py", *common, "--output_dir", str(runs["single"])], timeout=180)
+    assert r.returncode == 0, r.stderr
+    r = mpirun((2, [*common, "--output_dir", str(runs["dist"])]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    one, two = (np.array([e["loss"] for e in events(path, "progress")])
+                for path in runs.values())
+    assert len(one) == len(two) == 60
+    assert (np.abs(one - two) / one).max() < 3e-3
+    assert two[0] == pytest.approx(one[0], rel=1e-6)
+    values = [sets[i + 1] for i, flag in enumerate(sets) if flag == "--set"]
+    assert one[0] == pytest.approx(first_loss(ptb_path, TINY, values, 7, "fp16"), rel=1e-6)
+    assert abs(first_loss(ptb_path, TINY, values, 7, "fp32") - one[0]) > 1e-6 * one[0]
+    # the loss scale and the steps taken, as the two runs' last checkpoints hold them
+    import tensorflow as tf
+    kept = [tf.train.load_checkpoint(str(path / "checkpoints" / "ckpt-2"))
+            for path in runs.values()]
+    for key in ("optimizer/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE",
+                "optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert kept[0].get_tensor(key) == kept[1].get_tensor(key), key
+
+
 def test_four_ranks_train_and_three_ranks_fail_cleanly(ptb_path, tmp_path):
     args = ["--config", TINY, "--data_path", ptb_path, "--set", "steps_per_epoch=10",
             "--set", "num_epochs=1", "--set", "eval_steps=5", "--threads", "1"]

@@ -25,8 +25,10 @@ def tiny_cfg(**overrides):
 def test_precision_is_a_checked_config_key():
     assert config.load_config("config_small")["precision"] == "fp32"
     assert config.load_config("config_small", ["precision='bf16'"])["precision"] == "bf16"
-    with pytest.raises(config.ConfigError, match="precision must be one of 'fp32', 'bf16'"):
-        config.load_config("config_small", ["precision='fp16'"])
+    assert config.load_config("config_small", ["precision='fp16'"])["precision"] == "fp16"
+    with pytest.raises(config.ConfigError,
+                       match="precision must be one of 'fp32', 'bf16', 'fp16'"):
+        config.load_config("config_small", ["precision='fp8'"])
 
 
 @pytest.mark.parametrize("precision, expected", [
@@ -187,53 +189,114 @@ def test_bf16_units_read_from_cpuinfo(flags, emulated):
 
 # init_scale 1: large enough weights that bf16's rounding moves the first step's loss (3e-5 of
 # it), where at the tiny config's 0.1 the two precisions give the same first loss
-SHORT = ["--config", os.path.join(REPO, "tests", "config_tiny.py"), "--set", "steps_per_epoch=8",
-         "--set", "num_epochs=2", "--set", "max_epoch=1", "--set", "eval_steps=4",
-         "--set", "init_scale=1.0", "--set", "precision='bf16'", "--log_every", "1"]
-SHORT_SETS = [SHORT[i + 1] for i, flag in enumerate(SHORT) if flag == "--set"]
+SHORT_SETS = ["steps_per_epoch=8", "num_epochs=2", "max_epoch=1", "eval_steps=4",
+              "init_scale=1.0"]
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def _says_bf16(stdout, run_dir, data_path):
-    """bf16 ran: the first step's loss is the one computed here in bf16 from the run's first
-    weights and rows, not fp32's; the run's start line names the precision, the emulation note
-    comes exactly where this machine's CPU lacks bf16 units, and every event logs bf16."""
+def short(precision):
+    """The trainer's arguments of a 2-epoch run of the tiny config in `precision`."""
+    sets = [*SHORT_SETS, f"precision={precision!r}"]
+    return ["--config", os.path.join(REPO, "tests", "config_tiny.py"),
+            *[w for item in sets for w in ("--set", item)], "--log_every", "1"]
+
+
+def _says(precision, stdout, run_dir, data_path):
+    """The precision ran: the first step's loss is the one computed here in it from the run's
+    first weights and rows, not fp32's; the run's start line names the precision, the emulation
+    note comes exactly where this machine's CPU lacks units of it, and every event logs it."""
     lines = stdout.splitlines()
-    assert any(line.startswith("[ptb] vocab ") and line.endswith("| precision bf16")
+    assert any(line.startswith("[ptb] vocab ") and line.endswith(f"| precision {precision}")
                for line in lines), stdout
-    notes = [line for line in lines if "emulates bfloat16" in line]
-    assert len(notes) == (0 if hardware.bf16_units() else 1), (hardware.bf16_units(), notes)
+    notes = [line for line in lines if f"emulates {DTYPE_NAMES[precision]} " in line]
+    assert len(notes) == (0 if hardware.units(precision) else 1), notes
     logged = [e for e in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl")))]
     first = next(e["loss"] for e in logged if e["event"] == "progress")
-    bf16, fp32 = (first_loss(data_path, SHORT[1], SHORT_SETS, 1234, precision)
-                  for precision in ("bf16", "fp32"))
-    assert first == pytest.approx(bf16, rel=1e-6) and abs(fp32 - bf16) > 1e-5 * bf16, \
-        (first, bf16, fp32)
-    assert {e["config"]["precision"] for e in logged} == {"bf16"}
+    sets = [*SHORT_SETS, f"precision={precision!r}"]
+    ours, fp32 = (first_loss(data_path, os.path.join(REPO, "tests", "config_tiny.py"), sets,
+                             1234, p) for p in (precision, "fp32"))
+    assert first == pytest.approx(ours, rel=1e-6) and abs(fp32 - ours) > 1e-6 * ours, \
+        (first, ours, fp32)
+    assert {e["config"]["precision"] for e in logged} == {precision}
     assert [e["epoch"] for e in logged if e["event"] == "epoch"] == [1, 2]
     assert math.isfinite(logged[-1]["test_ppl"])
 
 
-@pytest.mark.parametrize("script", ["lm_ptb.py", "lm_ptb_tf_distribute.py"])
-def test_the_one_process_trainers_train_in_bf16_and_say_so(script, corpus, tmp_path):
+@pytest.mark.parametrize("script, precision", [("lm_ptb.py", "bf16"),
+                                               ("lm_ptb_tf_distribute.py", "bf16"),
+                                               ("lm_ptb.py", "fp16")])
+def test_the_one_process_trainers_train_in_reduced_precision_and_say_so(script, precision,
+                                                                        corpus, tmp_path):
     out = str(tmp_path / "run")
-    r = run_script([script, *SHORT, "--data_path", corpus, "--output_dir", out], timeout=180)
+    r = run_script([script, *short(precision), "--data_path", corpus, "--output_dir", out],
+                   timeout=180)
     assert r.returncode == 0, r.stderr
-    _says_bf16(r.stdout, out, corpus)
+    _says(precision, r.stdout, out, corpus)
     # TensorFlow's own raw line for it (on a CPU without AVX-512) folded into the note
-    assert hardware.ONEDNN_BF16_NOTE not in r.stderr, r.stderr
+    assert hardware.ONEDNN_NOTES[precision] not in r.stderr, r.stderr
 
 
-def test_the_elastic_trainer_trains_in_bf16_and_says_so(corpus, tmp_path):
+def test_fp16_is_refused_in_one_line_where_its_loss_scaling_is_not_built(corpus, tmp_path):
+    """tf.distribute's sum before the clip and a LossScaleOptimizer do not combine yet; tf-keras
+    has no Keras 3 LossScaleOptimizer: each says so, and what to train with instead."""
+    args = [*short("fp16"), "--data_path", corpus, "--output_dir", str(tmp_path / "run")]
+    r = run_script(["lm_ptb_tf_distribute.py", *args])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(
+        "error: precision='fp16' is not trained by lm_ptb_tf_distribute.py"), r.stderr
+    r = run_script(["lm_ptb.py", *args], env={"PTB_KERAS": "2"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(
+        "error: precision='fp16' scales the loss with Keras 3's LossScaleOptimizer"), r.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_elastic_trainer_trains_in_reduced_precision_and_says_so(precision, corpus,
+                                                                      tmp_path):
     hosts = tmp_path / "hosts.txt"
     list_hosts(hosts, "localhost:1", "127.0.0.1:1")
     out = str(tmp_path / "run")
-    returncode, stdout, _ = finish(horovodrun(hosts, [*SHORT, "--data_path", corpus,
+    returncode, stdout, _ = finish(horovodrun(hosts, [*short(precision), "--data_path", corpus,
                                                       "--output_dir", out]))
     assert returncode == 0, stdout[-3000:]
     # horovodrun prefixes each worker's lines with its rank
-    _says_bf16("\n".join(line.split("]<stdout>:", 1)[-1] for line in stdout.splitlines()), out,
-               corpus)
+    _says(precision, "\n".join(line.split("]<stdout>:", 1)[-1]
+                               for line in stdout.splitlines()), out, corpus)
     logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert {e["world_size"] for e in logged} == {2}
     # the config as the elastic trainer used it: commits every 100 steps where none was set
     assert {e["config"]["checkpoint_every"] for e in logged} == {100}
+
+
+@pytest.mark.parametrize("flags, emulated", [
+    ("fpu sse avx2 avx512f avx512_fp16 avx512_bf16", False),  # Intel Xeon (Sapphire Rapids)
+    ("avx512_bf16 amx_bf16 amx_fp16", False),  # Intel Xeon (Granite Rapids)
+    ("fpu sse avx2 avx512f avx512_vnni avx512_bf16", True),  # AMD EPYC (Zen 4): bf16 only
+    ("fpu sse avx2 fma", True)])  # AMD EPYC without AVX-512
+def test_fp16_units_read_from_cpuinfo(flags, emulated):
+    cpuinfo = f"processor\t: 0\nflags\t\t: {flags}\n"
+    assert (hardware.units("fp16", cpuinfo) == []) == emulated
+    cfg = dict(config.load_config("config_small"), precision="fp16")
+    note = hardware.precision_note(cfg, cpuinfo=cpuinfo, gpus=[])
+    assert (note is not None) == emulated
+    if emulated:
+        assert "emulates float16" in note and "fp16 is for GPUs without bf16 units" in note
+    assert hardware.precision_note(cfg, cpuinfo=cpuinfo, gpus=["/device:GPU:0"]) is None
+
+
+def test_a_resume_to_or_from_fp16_is_refused_in_one_line(corpus, tmp_path):
+    """fp16's checkpoints hold a loss scale the others lack: --change_config cannot make one fit
+    the other, so the change is named before any restore."""
+    args = ["lm_ptb.py", "--config", os.path.join(REPO, "tests", "config_tiny.py"),
+            "--data_path", corpus, "--set", "steps_per_epoch=5", "--set", "eval_steps=2"]
+    for trained, then in (("fp32", "fp16"), ("fp16", "bf16")):
+        out = str(tmp_path / trained)
+        r = run_script([*args, "--output_dir", out, "--set", "num_epochs=1",
+                        "--set", f"precision={trained!r}"])
+        assert r.returncode == 0, r.stderr
+        r = run_script([*args, "--output_dir", out, "--set", "num_epochs=2",
+                        "--set", f"precision={then!r}", "--resume", "--change_config"])
+        assert r.returncode == 2 and r.stderr == (
+            f"error: --resume: the run trained in precision={trained!r}, and a run does not "
+            "change to or from 'fp16' (its optimizer holds a loss scale the others lack); "
+            f"resume with precision={trained!r}, or start a new run in another --output_dir\n"
+        ), r.stderr

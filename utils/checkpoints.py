@@ -123,12 +123,14 @@ class Checkpoints:
                 raise ConfigError(f"--resume: the vocabulary of --data_path differs from the "
                                   f"run's {self.vocab_path}; resume with the data it was "
                                   "trained on")
-            if not newest_first(self.folder):
+            candidates = newest_first(self.folder)
+            if not candidates:
                 print(f"{PREFIX} --resume: no checkpoint in {self.folder} yet, so this run "
                       "starts afresh", flush=True)
                 os.makedirs(self.output_dir, exist_ok=True)
                 self._record_data_path()
                 return Position(0)
+            config.check_loss_scaling_kept(self.saved_config(candidates[0]), self.cfg)
             position = self.restore_latest()
             changed = config.check_resume(self.saved_config(self.restored), self.cfg,
                                           change_config)
@@ -292,16 +294,19 @@ IN_EPOCH_STEP_KEY = "in_epoch/step/.ATTRIBUTES/VARIABLE_VALUE"
 def newest_first(folder):
     """The run's checkpoints in `folder` (its epoch ends) and in IN_EPOCH there (its saves inside
     an epoch), as their pointer files list them, the newest first: the one order of "newest"
-    for a resume and for evaluate.py. Newest is furthest in the training, read from the names,
-    so that a damaged checkpoint keeps its place: an epoch end is numbered by its epochs done,
-    a save inside an epoch by the optimizer's step, which the steps of an epoch (read from one
-    checkpoint that has them) turn into its epochs done and steps into the next. Not by the
-    files' times, which a copy of the run folder changes."""
+    for a resume and for evaluate.py. Newest is furthest in the training: the epochs done, then
+    the steps into the next epoch, as each checkpoint records them; not the files' times, which
+    a copy of the run folder changes. One that cannot be read (damaged) keeps its place by its
+    name: an epoch end is numbered by its epochs done, a save inside an epoch by the optimizer's
+    step, which the epoch's steps (read from a checkpoint that has them) turn into a place."""
     ends = _listed(folder)
     inside = _listed(os.path.join(folder, IN_EPOCH))
-    steps = _steps_per_epoch(inside + ends)
+    recorded = {path: _position(path) for path in ends + inside}
+    steps = _steps_per_epoch(recorded)
 
     def where(path):
+        if recorded[path]:
+            return recorded[path][:2]
         number = int(path.rsplit("-", 1)[1])
         if path in ends:
             return number, 0
@@ -315,21 +320,32 @@ def _listed(folder):
     return list(state.all_model_checkpoint_paths) if state else []
 
 
-def _steps_per_epoch(paths):
-    """An epoch's training steps, from the first of `paths` that records them: its optimizer
-    step count less its steps into the epoch, over its epochs done; None if none does (every one
-    in the first epoch, or unreadable)."""
-    for path in paths:
-        try:
-            reader = tf.train.load_checkpoint(path)
-            epochs = int(reader.get_tensor(EPOCHS_KEY))
-            key = next((k for k in STEP_KEYS.values() if reader.has_tensor(k)), None)
-            if epochs and key:
-                into = int(reader.get_tensor(IN_EPOCH_STEP_KEY)) \
-                    if reader.has_tensor(IN_EPOCH_STEP_KEY) else 0
-                return (int(reader.get_tensor(key)) - into) // epochs
-        except (*UNREADABLE, ValueError):
-            continue
+# The optimizer's own step count in a checkpoint: a LossScaleOptimizer's (fp16) is its inner
+# optimizer's, which counts the steps it took (a skipped step is not one)
+STEP_COUNTS = ("optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",
+               *STEP_KEYS.values())
+
+
+def _position(path):
+    """(epochs done, steps into the next epoch, the optimizer's step count or None) that the
+    checkpoint records; None if it cannot be read."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        into = int(reader.get_tensor(IN_EPOCH_STEP_KEY)) \
+            if reader.has_tensor(IN_EPOCH_STEP_KEY) else 0
+        key = next((k for k in STEP_COUNTS if reader.has_tensor(k)), None)
+        return (int(reader.get_tensor(EPOCHS_KEY)), into,
+                int(reader.get_tensor(key)) if key else None)
+    except (*UNREADABLE, ValueError):
+        return None
+
+
+def _steps_per_epoch(recorded):
+    """An epoch's training steps, from a checkpoint that records them: its optimizer step count
+    less its steps into the epoch, over its epochs done; None if none does."""
+    for position in recorded.values():
+        if position and position[0] and position[2] is not None:
+            return (position[2] - position[1]) // position[0]
     return None
 
 

@@ -58,7 +58,8 @@ DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False
             # Also save a checkpoint every N training steps inside an epoch (None: at epoch
             # ends only); a resume from one continues exactly where it was.
             "checkpoint_every": None,
-            # "bf16": the matmuls on bfloat16 operands, all else fp32 (docs/precision.md)
+            # "bf16": the matmuls on bfloat16 operands, all else fp32; "fp16": on float16
+            # operands, the loss scaled (docs/precision.md)
             "precision": "fp32"}
 POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_steps",
             "hidden_size", "max_epoch", "num_epochs", "keep_prob", "lr_decay", "batch_size",
@@ -66,7 +67,7 @@ POSITIVE = {"init_scale", "learning_rate", "max_grad_norm", "num_layers", "num_s
             "valid_batch_size", "valid_num_steps",
             "param_sync_steps", "backward_passes_per_step", "step_timeout_s",
             "checkpoint_every"}
-CHOICES = {"reduce_type": ("grad", "param"), "precision": ("fp32", "bf16")}
+CHOICES = {"reduce_type": ("grad", "param"), "precision": ("fp32", "bf16", "fp16")}
 # The keys a resume may change and still be the same run: how long its schedule is, and how it
 # is saved and watched. Any other change (dropout, learning rate, precision...) makes the rest
 # of the run another experiment under the same name, so a resume refuses it unless asked.
@@ -245,6 +246,18 @@ def changes(before, now):
     keys += ["seed"] if "seed" in before and "seed" in now else []
     old, new = {**DEFAULTS, **before}, {**DEFAULTS, **now}
     return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+
+
+def check_loss_scaling_kept(before, now):
+    """fp16's optimizer holds a loss scale (Keras 3's LossScaleOptimizer) that the others lack,
+    so a run's checkpoint does not fit an optimizer with or without one where it had not: a
+    resume refuses the change to or from fp16 first, --change_config or not, in one line."""
+    trained = before.get("precision", "fp32")
+    if (trained == "fp16") != (now["precision"] == "fp16"):
+        raise ConfigError(f"--resume: the run trained in precision={trained!r}, and a run does "
+                          f"not change to or from 'fp16' (its optimizer holds a loss scale the "
+                          f"others lack); resume with precision={trained!r}, or start a new "
+                          "run in another --output_dir")
 
 
 def check_resume(before, now, allow_any):

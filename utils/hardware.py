@@ -1,4 +1,5 @@
-"""What the machine offers a run: its cores, TensorFlow's threads on them, and bf16 units."""
+"""What the machine offers a run: its cores, TensorFlow's threads on them, its bf16 and fp16 units
+and GPUs."""
 import os
 
 from utils import import_tensorflow, stderr_without
@@ -7,13 +8,18 @@ from utils.errors import ConfigError
 tf = import_tensorflow()
 
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # the CPU flags of bf16 matmul units (Linux names)
-ONEDNN_BF16_NOTE = "oneDNN supports DT_BFLOAT16 only on platforms with AVX-512"
+# The CPU flags of matmul units in each reduced precision (Linux names), and the raw line oneDNN
+# logs at the first op in that dtype on a CPU without AVX-512
+UNITS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+BF16_FLAGS = UNITS["bf16"]
+ONEDNN_NOTES = {"bf16": "oneDNN supports DT_BFLOAT16 only on platforms with AVX-512",
+                "fp16": "oneDNN supports DT_HALF only on platforms with AVX-512"}
+ONEDNN_BF16_NOTE = ONEDNN_NOTES["bf16"]
 
 
-def bf16_units(cpuinfo=None):
-    """Which of BF16_FLAGS the CPU has, from /proc/cpuinfo's text (read if not given); [] where
-    it cannot be read."""
+def units(precision, cpuinfo=None):
+    """Which of UNITS[precision] the CPU has, from /proc/cpuinfo's text (read if not given); []
+    where it cannot be read."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
@@ -24,22 +30,31 @@ def bf16_units(cpuinfo=None):
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             flags.update(line.partition(":")[2].split())
-    return [flag for flag in BF16_FLAGS if flag in flags]
+    return [flag for flag in UNITS[precision] if flag in flags]
+
+
+def bf16_units(cpuinfo=None):
+    return units("bf16", cpuinfo)
 
 
 def precision_note(cfg, cpuinfo=None, gpus=None):
-    """One line for a bf16 run on a CPU without bf16 units, where oneDNN falls back to slow
-    kernels; None otherwise (GPUs: docs/gpu.md)."""
-    if cfg["precision"] != "bf16":
+    """One line for a bf16 or fp16 run on a CPU without units of that precision, where oneDNN
+    falls back to slow kernels; None otherwise (GPUs: docs/gpu.md)."""
+    precision = cfg["precision"]
+    if precision not in UNITS:
         return None
     if gpus is None:
         gpus = tf.config.list_logical_devices("GPU")
-    if gpus or bf16_units(cpuinfo):
+    if gpus or units(precision, cpuinfo):
         return None
-    # TensorFlow says so too, once a process, at its first bf16 op, in a raw log line: that
-    # op runs here, its line dropped, so that this note says it once, in words
-    with stderr_without(ONEDNN_BF16_NOTE):
-        tf.cast(tf.zeros([1]), tf.bfloat16)
+    # TensorFlow says so too, once a process, at its first op in that dtype, in a raw log line:
+    # that op runs here, its line dropped, so that this note says it once, in words
+    with stderr_without(ONEDNN_NOTES[precision]):
+        tf.cast(tf.zeros([1]), tf.bfloat16 if precision == "bf16" else tf.float16)
+    if precision == "fp16":
+        return ("note: precision='fp16' on a CPU without fp16 units (neither avx512_fp16 nor "
+                "amx_fp16 in /proc/cpuinfo): TensorFlow emulates float16 here, so "
+                "precision='fp32' trains faster; fp16 is for GPUs without bf16 units")
     return ("note: precision='bf16' on a CPU without bf16 units (neither avx512_bf16 nor "
             "amx_bf16 in /proc/cpuinfo): TensorFlow emulates bfloat16 here, so "
             "precision='fp32' trains faster")

@@ -7,7 +7,9 @@ tf = import_tensorflow()
 
 
 # The config's precision -> the dtype of the matmuls' operands (utils/config.py checks the name)
-COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16}
+COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
+# and the Keras mixed policy of the cuDNN path's LSTM layers in each
+MIXED_POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def choose_lstm_impl(gpus=None):
@@ -147,6 +149,8 @@ class PTBModel(tf.keras.Model):
     bfloat16 operands; the variables, the activations between layers, the dropout masks, the
     LSTM state, the logits and the loss stay fp32 (docs/precision.md says why each cast sits
     where it does). On the cuDNN path the LSTM layers run under Keras' mixed_bfloat16 policy.
+    precision "fp16": the same with float16 operands (mixed_float16), for GPUs without bf16
+    units; float16's narrow range needs the loss scaled (utils.optimizers.make_optimizer).
     """
 
     def __init__(self, vocab_size, hidden_size, num_layers, keep_prob, init_scale,
@@ -165,9 +169,9 @@ class PTBModel(tf.keras.Model):
         # Keep Keras' defaults that select the cuDNN kernel on a GPU: tanh / sigmoid,
         # no recurrent dropout, not unrolled, with bias. Dropout sits between layers instead.
         # As in the paper's code, the forget-gate bias starts at 0 (unit_forget_bias=False).
-        # In bf16 the Keras path takes Keras' mixed policy (fp32 variables, bf16 compute); the
-        # CPU paths cast by hand instead and keep the layer's own fp32 policy.
-        policy = "mixed_bfloat16" if precision == "bf16" and self.lstm_impl == "keras" else None
+        # In bf16 and fp16 the Keras path takes Keras' mixed policy (fp32 variables, bf16 or
+        # fp16 compute); the CPU paths cast by hand instead and keep the layer's own policy.
+        policy = MIXED_POLICIES.get(precision) if self.lstm_impl == "keras" else None
         self.lstms = [tf.keras.layers.LSTM(hidden_size, return_sequences=True, return_state=True,
                                            kernel_initializer=init(), recurrent_initializer=init(),
                                            unit_forget_bias=False, dtype=policy)

@@ -2,7 +2,7 @@
 update, the same on Keras 3 and on Keras 2 (utils.KERAS says which tf.keras is)."""
 import utils
 from utils import import_tensorflow
-from utils.errors import TrainingError
+from utils.errors import ConfigError, TrainingError
 
 tf = import_tensorflow()
 
@@ -54,10 +54,19 @@ def make_optimizer(cfg):
     """SGD that clips the gradient by its global norm, then steps. Horovod's DistributedOptimizer
     averages the ranks' gradients before that clip (Keras 2: in minimize(), Keras 3: in apply(),
     scripts/patches/ 11), so the clipped norm is the global batch's gradient's and a distributed
-    update equals the single-process one."""
+    update equals the single-process one. precision "fp16": inside Keras 3's LossScaleOptimizer,
+    which scales the loss (scale_loss) and unscales the gradients, skips a step whose gradients
+    overflow and halves its scale; Horovod's optimizer wraps it and averages the scaled
+    gradients first, so every rank skips the same steps (patch 15)."""
     check_keras()
+    fp16 = cfg.get("precision") == "fp16"  # runs logged before the key trained in fp32
+    if fp16 and not KERAS3:
+        raise ConfigError("precision='fp16' scales the loss with Keras 3's LossScaleOptimizer; "
+                          "train it on Keras 3 (unset PTB_KERAS), or choose precision='bf16' "
+                          "or 'fp32' on tf-keras")
     if KERAS3:
-        return SGD(learning_rate=cfg["learning_rate"], global_clipnorm=cfg["max_grad_norm"])
+        sgd = SGD(learning_rate=cfg["learning_rate"], global_clipnorm=cfg["max_grad_norm"])
+        return tf.keras.optimizers.LossScaleOptimizer(sgd) if fp16 else sgd
     return tf.keras.optimizers.legacy.SGD(learning_rate=cfg["learning_rate"],
                                           global_clipnorm=cfg["max_grad_norm"])
 
@@ -78,6 +87,12 @@ def optimizer_variables(optimizer):
     """The optimizer's own variables: its step counter and slots (a list on Keras 3, a method's
     result on Keras 2)."""
     return list(optimizer.variables) if KERAS3 else optimizer.variables()
+
+
+def scale_loss(optimizer, loss):
+    """The loss to differentiate, inside the tape: scaled by a LossScaleOptimizer (fp16),
+    the loss itself otherwise (tf-keras: always)."""
+    return optimizer.scale_loss(loss) if KERAS3 else loss
 
 
 def minimize(optimizer, loss, variables, tape):

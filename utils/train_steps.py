@@ -2,7 +2,7 @@
 function of the seed, the rank and the optimizer's step) and an evaluation step."""
 from utils import import_tensorflow
 from utils.model import sequence_loss
-from utils.optimizers import minimize
+from utils.optimizers import minimize, scale_loss
 
 tf = import_tensorflow()
 
@@ -42,7 +42,7 @@ def make_train_step(model, optimizer, passes=1, seed=0, rank=0, replicas=1):
             logits, state = model(x, state, training=True,
                                   noise_seed=noise_seed(seed, rank, optimizer.iterations))
             loss = sequence_loss(logits, y)
-            scaled = loss / replicas
+            scaled = scale_loss(optimizer, loss / replicas)  # fp16: by the loss scale
         # optimizers.minimize: where Horovod's DistributedOptimizer averages (docs/keras3.md)
         minimize(optimizer, scaled, model.trainable_variables, tape)
         return loss, state
@@ -65,7 +65,8 @@ def _make_accumulating_step(model, optimizer, passes, seed, rank, replicas):
                                           noise_seed=tf.random.experimental.stateless_fold_in(
                                               step_seed, k))
                 loss = sequence_loss(logits, ys[k]) / passes
-            g = tape.gradient(loss, variables)
+                scaled = scale_loss(optimizer, loss)  # fp16: the summed gradient stays scaled
+            g = tape.gradient(scaled, variables)
             grads = g if grads is None else [_add(a, b) for a, b in zip(grads, g)]
             total += loss
         # Hand the summed gradient to minimize() as the gradient of a linear surrogate, so that
