@@ -119,6 +119,55 @@ def sync_batch_normalization():
     return [round(float(v), 5) for v in np.ravel(layer(rows, training=True))]
 
 
+def sparse_gradients(sparse_as_dense):
+    """An Embedding's gradient is IndexedSlices: rank r looks up row r, whose gradient is r + 1
+    (loss = (r + 1) * the sum of the row). Averaged over 2 ranks as rows of their own: row 0
+    steps by 0.1 * 1 / 2, row 1 by 0.1 * 2 / 2, as one process on both lookups; the same dense."""
+    layer = keras.layers.Embedding(2, 1, embeddings_initializer="ones")
+    layer.build((None,))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                         sparse_as_dense=sparse_as_dense)
+    with tf.GradientTape() as tape:
+        loss = (hvd.rank() + 1) * tf.reduce_sum(layer(tf.constant([hvd.rank()])))
+    grads = tape.gradient(loss, layer.trainable_variables)
+    optimizer.apply(grads, layer.trainable_variables)
+    return [type(grads[0]).__name__, [round(float(v), 6) for v in np.ravel(layer.embeddings)]]
+
+
+def fp16_compression():
+    """Gradients that float16 cannot hold: 1 + 2^-12 on rank 0, 3 on rank 1 (mean 2 + 2^-13).
+    Compressed, the mean is float16's (the 2^-12 is lost): a weight of 0 steps to -2 exactly at
+    learning rate 1; uncompressed, to -(2 + 2^-13)."""
+    steps = []
+    for compression in (hvd.Compression.fp16, hvd.Compression.none):
+        layer = dense(0.0)
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=compression)
+        grad = tf.constant([[1.0 + 2.0 ** -12 if hvd.rank() == 0 else 3.0]])
+        optimizer.apply([grad], [layer.kernel])
+        steps.append(float(layer.kernel.numpy()[0, 0]))
+    return steps
+
+
+def elastic_reset_keeps_adam():
+    """hvd.elastic's state of a model and Adam: after a commit and one more step, a reset
+    brings back the committed weights, Adam's moments and its step count, not zeros."""
+    layer = dense(1.0)
+    model = keras.Sequential([keras.layers.Input((1,)), layer])
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.1))
+    state = hvd.elastic.KerasState(model, optimizer)
+
+    def step():
+        optimizer.apply(grads_of(layer), [layer.kernel])
+    step()
+    state.commit()
+    committed = [v.numpy().ravel().tolist() for v in optimizer.variables]
+    step()
+    state.restore()
+    restored = [v.numpy().ravel().tolist() for v in optimizer.variables]
+    moments = [v for v in committed if v and any(x != 0 for x in v)]
+    return [restored == committed, weights(layer), len(moments) >= 2]
+
+
 def save(path):
     """Rank 0 saves a model compiled with Horovod's optimizer (the test loads it without
     Horovod)."""
@@ -142,6 +191,9 @@ def main():
             "broadcast_local": broadcast_with_local_variables(),
             "warmup": warmup_momentum(True), "warmup_off": warmup_momentum(False),
             "sync_bn": sync_batch_normalization(),
+            "sparse": sparse_gradients(False), "sparse_as_dense": sparse_gradients(True),
+            "fp16_compression": fp16_compression(),
+            "elastic_adam": elastic_reset_keeps_adam(),
             "saved_module": save(os.environ["SAVE_TO"])})
     return 0
 

@@ -202,3 +202,26 @@ def test_a_model_saved_with_horovods_optimizer_loads_without_horovod(calls):
                        capture_output=True, text=True, timeout=120, env=script_env())
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["SGD", "0.5", "0.1", "2"], r.stdout
+
+
+def test_an_embeddings_sparse_gradient_is_averaged_as_rows_or_dense(calls):
+    """sparse_as_dense with real IndexedSlices on a Keras 3 optimizer: rank r's lookup of row r
+    with gradient r + 1, averaged: row 0 at 1 - 0.1 * 1 / 2, row 1 at 1 - 0.1 * 2 / 2, the same
+    as rows (allgathered) or dense (allreduced)."""
+    for out in calls[0].values():
+        assert out["sparse"] == out["sparse_as_dense"] == ["IndexedSlices", [0.95, 0.9]], out
+
+
+def test_fp16_compression_rounds_what_float16_cannot_hold(calls):
+    """Gradients 1 + 2^-12 and 3: compressed to float16 the mean is 2 (the 2^-12 lost), without
+    compression 2 + 2^-13; a weight at 0 steps by it at learning rate 1."""
+    for out in calls[0].values():
+        assert out["fp16_compression"] == [-2.0, -(2 + 2.0 ** -13)], out
+
+
+def test_an_elastic_reset_brings_back_adams_moments_and_step_count(calls):
+    """hvd.elastic's KerasState over Horovod's Adam: a commit, one more step, a reset: the
+    optimizer's variables (its step count and non-zero moments) are the committed ones, and the
+    weight is where one step from the commit puts it on both ranks."""
+    for out in calls[0].values():
+        assert out["elastic_adam"] == [True, [0.900001], True], out
