@@ -180,6 +180,52 @@ def save(path):
     return type(model.optimizer).__module__
 
 
+def load_model(path):
+    """hvd.load_model of the model save() wrote (SGD, momentum 0.5, 2 steps taken): its
+    optimizer is Horovod's, with the loaded step count and velocity, and one step of rank r's
+    gradient r + 1 moves every rank's weights alike, by the mean: w + 0.5 * v - 0.1 * 1.5; a
+    model.fit after it on each rank's own rows leaves the ranks' weights equal."""
+    hvd_tf.broadcast(tf.constant(0), 0, name="saved")  # rank 0 has written the file
+    model = hvd.load_model(path)
+    optimizer = model.optimizer
+    kernel = model.layers[0].kernel
+    velocity = [v for v in optimizer.variables if v.shape == kernel.shape][0]
+    expected = kernel.numpy() + 0.5 * velocity.numpy() - 0.1 * 1.5
+    steps = int(optimizer.iterations.numpy())
+    optimizer.apply([tf.ones_like(kernel) * (hvd.rank() + 1)], [kernel])
+    averaged = bool(np.allclose(kernel.numpy(), expected, rtol=1e-6))
+    # and model.fit of the loaded model, each rank on rows of its own: the ranks stay equal
+    model.fit(np.full((2, 2), hvd.rank() + 1, "float32"), np.ones((2, 1), "float32"), verbose=0)
+    return [hasattr(optimizer, "_hvd_allreduce"), steps, averaged,
+            [round(float(w), 6) for w in kernel.numpy().ravel()]]
+
+
+def passes_in_model_fit():
+    """backward_passes_per_step=2 in model.fit, the passes averaged: 2 ranks on 2 rows a batch
+    are one process on both ranks' 4 rows with Keras's own gradient_accumulation_steps=2, 4
+    batches (2 updates) from the same weight."""
+    def rows(rank):
+        x = (np.arange(8, dtype="float32").reshape(8, 1) + 1) * (rank + 1) / 10
+        return x, np.ones((8, 1), "float32")
+
+    def fitted(optimizer, x, y, batch_size):
+        model = keras.Sequential([keras.layers.Input((1,)), dense(1.0)])
+        model.compile(optimizer=optimizer, loss="mse")
+        model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)
+        return float(model.layers[0].kernel.numpy()[0, 0]), int(model.optimizer.iterations)
+
+    ours = fitted(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                           average_aggregated_gradients=True),
+                  *rows(hvd.rank()), batch_size=2)
+    (x0, y0), (x1, y1) = rows(0), rows(1)
+    whole = [np.concatenate([a[i:i + 2], b[i:i + 2]]) for a, b in ((x0, x1), (y0, y1))
+             for i in range(0, 8, 2)]
+    one = fitted(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+                 np.concatenate(whole[:4]), np.concatenate(whole[4:]), batch_size=4)
+    untouched = 1.0
+    return [ours[0] != untouched, abs(ours[0] - one[0]) <= 1e-6 * abs(one[0]), ours[1], one[1]]
+
+
 def main():
     hvd.init()
     report({"rank": hvd.rank(), "keras": keras.__version__,
@@ -194,7 +240,9 @@ def main():
             "sparse": sparse_gradients(False), "sparse_as_dense": sparse_gradients(True),
             "fp16_compression": fp16_compression(),
             "elastic_adam": elastic_reset_keeps_adam(),
-            "saved_module": save(os.environ["SAVE_TO"])})
+            "saved_module": save(os.environ["SAVE_TO"]),
+            "load_model": load_model(os.environ["SAVE_TO"]),
+            "passes_in_fit": passes_in_model_fit()})
     return 0
 
 

@@ -221,8 +221,8 @@ def test_fault_stops_the_job_and_resume_continues(how, long_corpus, tmp_path):
     assert "Traceback" not in stderr, stderr
     ckpts = os.listdir(os.path.join(out, "checkpoints"))
     assert not [f for f in ckpts if "_temp" in f], ckpts  # no partial checkpoint
-    if how.endswith("mpirun"):
-        return  # resumed after the two stops of a single rank (and in test_resume.py)
+    if how != "SIGKILL rank 1":
+        return  # one resume is enough: it reads the same epoch checkpoint whatever stopped the job
     done = len(metrics(out))
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -368,6 +368,8 @@ def test_a_frozen_rank_ends_the_job_and_resume_continues(frozen, long_corpus, tm
     assert "Traceback" not in stderr, stderr
     assert os.path.exists(os.path.join(out, "checkpoints", "ckpt-1.index"))
     assert not [f for f in os.listdir(os.path.join(out, "checkpoints")) if "_temp" in f]
+    if frozen == 0:
+        return  # resumed once, after rank 1's freeze: the checkpoint it reads is the same
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
     assert [e["epoch"] for e in metrics(out) if e["event"] == "epoch"] == [1, 2]

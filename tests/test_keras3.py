@@ -204,6 +204,27 @@ def test_a_model_saved_with_horovods_optimizer_loads_without_horovod(calls):
     assert r.stdout.split() == ["SGD", "0.5", "0.1", "2"], r.stdout
 
 
+def test_hvd_load_model_gives_horovods_optimizer_with_the_saved_state(calls):
+    """Patch 25: on Keras 3, hvd.load_model returned the model with the plain SGD it was saved
+    with (Keras 3 looks the optimizer up by its class's name, not Horovod's lower-case ones), so
+    each rank trained apart. Now its optimizer is Horovod's, with the 2 saved steps and the
+    velocity: one step of rank r's gradient r + 1 moves both ranks by the mean, and a model.fit
+    on each rank's own rows leaves them equal."""
+    ranks = calls[0]
+    for out in ranks.values():
+        assert out["load_model"][:3] == [True, 2, True], out
+    assert ranks[0]["load_model"][3] == ranks[1]["load_model"][3], ranks
+
+
+def test_backward_passes_in_model_fit_are_keras_own_accumulation_on_the_whole_batch(calls):
+    """backward_passes_per_step=2 with the passes averaged, in model.fit on 2 ranks of 2 rows a
+    batch: the weight of one process on both ranks' 4 rows with Keras's
+    gradient_accumulation_steps=2, after 4 batches (2 updates). Horovod counts every pass as a
+    step (4 iterations), as its Keras 2 optimizer does; Keras counts the updates (2)."""
+    for out in calls[0].values():
+        assert out["passes_in_fit"] == [True, True, 4, 2], out
+
+
 def test_an_embeddings_sparse_gradient_is_averaged_as_rows_or_dense(calls):
     """sparse_as_dense with real IndexedSlices on a Keras 3 optimizer: rank r's lookup of row r
     with gradient r + 1, averaged: row 0 at 1 - 0.1 * 1 / 2, row 1 at 1 - 0.1 * 2 / 2, the same
