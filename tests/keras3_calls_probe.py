@@ -29,6 +29,22 @@ def weights(*layers):
     return [round(float(layer.kernel.numpy()[0, 0]), 6) for layer in layers]
 
 
+# a process set of each rank alone, made at hvd.init(): own_process_set()'s
+OWN_SETS = [hvd_tf.ProcessSet([0]), hvd_tf.ProcessSet([1])]
+
+
+def own_process_set():
+    """process_set through both wrappers: each rank in a set of its own averages its gradient
+    r + 1 with nobody's, so its weight is 1 - 0.1 * (r + 1) (0.9, 0.8), not the global 0.85."""
+    out = []
+    for wrapper in (hvd.DistributedOptimizer, hvd_tf.DistributedOptimizer):
+        layer = dense(1.0)
+        optimizer = wrapper(keras.optimizers.SGD(0.1), process_set=OWN_SETS[hvd.rank()])
+        optimizer.apply_gradients(zip(grads_of(layer), [layer.kernel]))
+        out += weights(layer)
+    return out
+
+
 def apply_with_an_iterator():
     """apply() given a generator of the variables, as zip() or a comprehension gives them."""
     layer = dense(1.0)
@@ -227,8 +243,9 @@ def passes_in_model_fit():
 
 
 def main():
-    hvd.init()
+    hvd.init(process_sets=OWN_SETS)
     report({"rank": hvd.rank(), "keras": keras.__version__,
+            "own_process_set": own_process_set(),
             "apply_iterator": apply_with_an_iterator(),
             "op_sum": op_and_groups_through_the_tensorflow_wrapper(),
             "accumulation": passes_and_keras_accumulation(),

@@ -127,6 +127,14 @@ def test_apply_takes_the_variables_as_an_iterator(calls):
         assert out["apply_iterator"] == [0.85], out
 
 
+def test_a_process_set_reaches_the_allreduce_through_both_wrappers(calls):
+    """process_set of horovod.tensorflow.keras's and horovod.tensorflow's DistributedOptimizer
+    of a Keras 3 optimizer: each rank in a set of its own steps by its own gradient r + 1
+    (0.9, 0.8); averaged over the global set both would be at 0.85."""
+    for rank, out in calls[0].items():
+        assert out["own_process_set"] == [round(1 - 0.1 * (rank + 1), 6)] * 2, out
+
+
 def test_op_and_groups_reach_the_keras_wrapper_from_horovod_tensorflows(calls):
     """Patch 18: horovod.tensorflow.DistributedOptimizer(a Keras optimizer, op=hvd.Sum,
     groups=...) averaged anyway (1 - 0.1 * 1.5); now it sums (1 - 0.1 * 3)."""
