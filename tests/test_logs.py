@@ -1,5 +1,6 @@
 """utils/logs.py RunLog.resume on hand-written metrics.jsonl files: what it keeps and rebuilds; and
-TensorFlow's start-up notes kept out of stderr (utils.import_tensorflow), oneDNN on by default."""
+TensorFlow's start-up notes kept out of stderr (utils.import_tensorflow), oneDNN on by default,
+Keras' import of matplotlib left out."""
 import json
 import os
 import platform
@@ -174,6 +175,20 @@ def test_onednn_is_on_without_a_setting_off_when_asked_and_its_start_up_notes_ar
     assert (on.returncode, on.stdout) == (0, "True\n"), on.stderr
     assert (off.returncode, off.stdout) == (0, "False\n"), off.stderr
     assert "oneDNN custom operations" not in on.stderr and "absl::InitializeLog" not in on.stderr
+
+
+MATPLOTLIB_AFTER = ("import sys; from utils import import_tensorflow; tf = import_tensorflow(); "
+                    "keras = sys.modules.get('keras'); "
+                    "print(keras is not None, 'matplotlib' in sys.modules); "
+                    "import matplotlib.pyplot; print(matplotlib.pyplot.__name__)")
+
+
+def test_tensorflow_comes_without_the_matplotlib_keras_would_import_and_it_imports_later():
+    """Keras 3 imports matplotlib.pyplot with TensorFlow where it is installed (it is: make
+    results plots with it); import_tensorflow leaves it out, and a later import finds it."""
+    r = subprocess.run([sys.executable, "-c", MATPLOTLIB_AFTER], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=script_env({"PTB_KERAS": "3"}))
+    assert (r.returncode, r.stdout) == (0, "True False\nmatplotlib.pyplot\n"), r.stderr
 
 
 def test_a_baseline_epoch_resumed_inside_it_counts_as_its_whole_epoch(tmp_path):

@@ -4,6 +4,7 @@ Imported before TensorFlow (every script does so), it sets the variables TensorF
 when it is first imported; the modules that use TensorFlow import it through
 import_tensorflow(), without the start-up notes that ignore TF_CPP_MIN_LOG_LEVEL."""
 import contextlib
+import importlib.abc
 import importlib.util
 import os
 import platform
@@ -93,15 +94,36 @@ def stderr_without(*notes):
         drop.wait()
 
 
+class _WithoutMatplotlib(importlib.abc.MetaPathFinder):
+    """While on sys.meta_path, matplotlib is not found. Keras 3 imports matplotlib.pyplot with
+    TensorFlow where it is installed (make results plots with it), for two image-gallery helpers
+    nothing here calls, and goes on without it. Left out, TensorFlow's import took 4.4 CPU s, not
+    5.4, in every trainer, rank and probe (results/stack/ci/startup-without-matplotlib-zen3.log).
+    Later imports of matplotlib find it as usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
 def import_tensorflow():
     """TensorFlow, imported the first time without STARTUP_NOTES, its devices listed then too
-    (without HIDDEN_GPUS_NOTE where CUDA_VISIBLE_DEVICES hides them all)."""
+    (without HIDDEN_GPUS_NOTE where CUDA_VISIBLE_DEVICES hides them all), and without Keras'
+    import of matplotlib (_WithoutMatplotlib)."""
     if "tensorflow" in sys.modules:
         import tensorflow
         return tensorflow
-    with stderr_without(*STARTUP_NOTES, *([HIDDEN_GPUS_NOTE] if gpus_hidden() else [])):
-        import tensorflow
-        tensorflow.config.list_physical_devices()  # sets nothing up: devices stay configurable
+    hide = _WithoutMatplotlib() if "matplotlib" not in sys.modules else None
+    if hide:
+        sys.meta_path.insert(0, hide)
+    try:
+        with stderr_without(*STARTUP_NOTES, *([HIDDEN_GPUS_NOTE] if gpus_hidden() else [])):
+            import tensorflow
+            tensorflow.config.list_physical_devices()  # sets nothing up: devices stay configurable
+    finally:
+        if hide:
+            sys.meta_path.remove(hide)
     return tensorflow
 
 
