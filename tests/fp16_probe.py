@@ -3,9 +3,10 @@ mixed_float16 policy with Horovod's optimizer, where one row of one batch overfl
 rank alone sees it when 2 ranks split the batch). One process on the whole batch skips that step
 and halves its loss scale; N ranks must do the same, together. WRAP=inner (default): compile()
 wraps Horovod's optimizer in a LossScaleOptimizer; WRAP=outer: Horovod's wraps one given to
-compile(). Writes one JSON file per rank ($PROBE_OUT): the weights, the loss scale, the steps
-taken and skipped; after fit, one more allreduce, which pairs with another rank's only if every
-rank ran the same collectives in fit."""
+compile(). RELOAD=path: rank 0 saves the model after epoch 1, and every rank goes on from
+hvd.load_model of it, its loss scale and steps included. Writes one JSON file per rank
+($PROBE_OUT): the weights, the loss scale, the steps taken and skipped; after fit, one more
+allreduce, which pairs with another rank's only if every rank ran the same collectives in fit."""
 import os
 import sys
 
@@ -43,11 +44,23 @@ def main():
     else:
         optimizer = hvd.DistributedOptimizer(sgd)
     model.compile(optimizer=optimizer, loss="mse")
-    model.fit(xs, ys, batch_size=BATCH // n, epochs=2, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    fit = dict(batch_size=BATCH // n, shuffle=False, verbose=0,
+               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    if os.environ.get("RELOAD"):  # epoch 1, saved by rank 0, loaded by all, then epoch 2
+        model.fit(xs, ys, epochs=1, **fit)
+        if rank == 0:
+            model.save(os.environ["RELOAD"])
+        hvd.allreduce(tf.constant(0.0), name="saved")  # no rank loads before the save
+        model = hvd.load_model(os.environ["RELOAD"])
+        model.fit(xs, ys, epochs=1, **fit)
+    else:
+        model.fit(xs, ys, epochs=2, **fit)
     scaling = model.optimizer
     after = hvd.allreduce(tf.constant(float(rank)), op=hvd.Sum, name="after_fit")
     report({"rank": rank, "wrapped": type(scaling).__name__,
+            # Horovod's class: the LossScaleOptimizer itself, or the optimizer inside it
+            "horovods": ("outer" if hasattr(scaling, "_hvd_allreduce") else
+                         "inner" if hasattr(scaling.inner_optimizer, "_hvd_allreduce") else None),
             "weights": [float(w) for w in np.concatenate([w.ravel()
                                                           for w in model.get_weights()])],
             "scale": float(scaling.dynamic_scale.numpy()),

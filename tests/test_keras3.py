@@ -105,10 +105,28 @@ def test_mixed_float16_skips_an_overflow_on_every_rank_together_with_one_loss_sc
     two = probe_on_two_ranks("tests/fp16_probe.py", env={"WRAP": wrap}, timeout=180)
     assert one["scale"] == 32768 / 4 and one["iterations"] == 2 * 4 - 2, one
     for out in two.values():
-        assert out["wrapped"] == "LossScaleOptimizer", out
+        assert (out["wrapped"], out["horovods"]) == ("LossScaleOptimizer", wrap), out
         assert (out["scale"], out["iterations"], out["after"]) == (one["scale"],
                                                                    one["iterations"], 1.0), out
         # float16's rounding of a half batch against the whole one
+        np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-3)
+    assert two[0]["weights"] == two[1]["weights"]
+
+
+def test_hvd_load_model_of_a_mixed_float16_model_goes_on_with_its_loss_scale(tmp_path):
+    """Patches 25 and 15 together: a model compiled under mixed_float16 is saved with a
+    LossScaleOptimizer around its SGD; hvd.load_model wraps that in Horovod's (as WRAP=outer
+    above), whose loss scale (halved once in epoch 1) and step count must come back, and whose
+    ranks must again skip epoch 2's overflow together: 2 ranks saved and loaded after epoch 1
+    end where one process ends without a stop."""
+    one = probe_on_two_ranks("tests/fp16_probe.py", ranks=1)[0]
+    two = probe_on_two_ranks("tests/fp16_probe.py", env={"RELOAD": str(tmp_path / "m.keras")},
+                             timeout=180)
+    assert one["scale"] == 32768 / 4 and one["iterations"] == 2 * 4 - 2, one
+    for out in two.values():
+        assert (out["wrapped"], out["horovods"]) == ("LossScaleOptimizer", "outer"), out
+        assert (out["scale"], out["iterations"], out["after"]) == (one["scale"],
+                                                                   one["iterations"], 1.0), out
         np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-3)
     assert two[0]["weights"] == two[1]["weights"]
 
