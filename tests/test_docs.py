@@ -113,3 +113,12 @@ def test_results_holds_what_runs_wrote_and_no_code():
     assert len(files) > 100, len(files)
     code = [f for f in files if f.endswith((".py", ".sh"))]
     assert not code, f"code under results/ (move it to scripts/probes/): {code}"
+
+
+def test_the_pages_count_the_horovod_patches_there_are():
+    """README's count of the CPU build's patches and docs/gpu.md's range of them follow the
+    folder (docs/gpu.md once said 01-24 with 25 there)."""
+    cpu = sorted(glob.glob("scripts/patches/horovod-0.28.1/*.patch", root_dir=REPO))
+    assert len(cpu) > 20 and os.path.basename(cpu[-1]).startswith(f"{len(cpu):02d}-"), cpu
+    assert f"built with {len(cpu)} small [patches]" in prose("README.md")
+    assert f"(`scripts/patches/horovod-0.28.1/`, 01-{len(cpu):02d})" in prose("docs/gpu.md")
