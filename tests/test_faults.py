@@ -23,8 +23,13 @@ def snapshot(folder):
 
 def assert_one_line_error(result, message, started):
     assert time.monotonic() - started < 30
-    assert result.returncode == 2, result.stdout + result.stderr
-    err = result.stderr.strip()
+    assert_error_line(result.returncode, result.stderr, message, result.stdout + result.stderr)
+
+
+def assert_error_line(status, stderr, message, shown):
+    """Exit status 2 and stderr one `error: ...` line holding message; `shown` if not."""
+    assert status == 2, shown
+    err = stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("error: ") and message in err, err
 
@@ -101,10 +106,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, bad_inputs):
     folder, before, result = bad_inputs[case]
     message = CASES[case][1]
     assert result["seconds"] < 30, result  # no hang: each ends at once (a download gives up)
-    assert result["status"] == 2, result
-    err = result["stderr"].strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("error: ") and message in err, err
+    assert_error_line(result["status"], result["stderr"], message, result)
     assert snapshot(folder) == before
 
 
