@@ -453,9 +453,10 @@ def paper_table(runs, label=""):
     return rows
 
 
-def paired_table(subjects, reference_of, header):
+def paired_table(subjects, reference_of, header, label=lambda r: ""):
     """Each run of `subjects`: its valid perplexity per epoch against its reference_of(run) at
-    the same epoch (the test perplexity too, where both ran as many epochs and have one)."""
+    the same epoch (the test perplexity too, where both ran as many epochs and have one); the
+    first cell is its config and `label(run)`."""
     rows = [header, "|" + " --- |" * 6]
     for r in sorted(subjects, key=lambda r: r["name"]):
         ref_run = reference_of(r)
@@ -468,19 +469,25 @@ def paired_table(subjects, reference_of, header):
             pairs.append(("test", *tests))
         for epoch, value, ref in pairs:
             diff = f"{100 * (value - ref) / ref:+.2f} %" if ref else "—"
-            rows.append(f"| {r['config']['name'].replace('config_', '')} | {r['workers']} | "
+            config = r["config"]["name"].replace("config_", "")
+            rows.append(f"| {config}{label(r)} | {r['workers']} | "
                         f"{epoch} | {value:.2f} | {fmt(ref, '.2f')} | {diff} |")
     return rows
 
 
 def bf16_table(runs):
-    """Each bf16 run's valid perplexity per epoch against the fp32 run of the same config and
-    workers at the same epoch (the test perplexity too, where both have one)."""
+    """Each bf16 run's valid perplexity per epoch against the fp32 run of the same config,
+    workers, Keras and seed at the same epoch (the test perplexity too, where both have one):
+    then the precision is all that differs."""
     fp32 = fp32_only(runs)
     return paired_table(
         [r for r in runs if precision(r) == "bf16"],
-        lambda r: longest_trained(fp32, r["config"]["name"], r["workers"]),
-        "| config | workers | epoch | valid ppl, bf16 | valid ppl, fp32 | difference |")
+        lambda r: longest_trained([x for x in fp32 if keras(x) == keras(r)
+                                   and seed_of(x) == seed_of(r)], r["config"]["name"],
+                                  r["workers"]),
+        "| config | workers | epoch | valid ppl, bf16 | valid ppl, fp32 | difference |",
+        lambda r: (", Keras 3" if keras(r) == "Keras 3" else "")
+        + (f", seed {seed_of(r)}" if r in seed_runs([r]) else ""))
 
 
 def keras(run):
@@ -513,7 +520,7 @@ DEFAULT_SEED = 1234  # the trainers' --seed
 
 def seed_of(run):
     """The --seed its command gave the trainer (the trainers' default where none)."""
-    words = shlex.split(run["command"])
+    words = shlex.split(run.get("command", ""))
     return int(words[words.index("--seed") + 1]) if "--seed" in words else DEFAULT_SEED
 
 
@@ -551,6 +558,14 @@ def seeds_row(group, label):
     return f"| {row} | {' | '.join(cells)} |"
 
 
+def shipped_precision(group):
+    """Of a config's seed runs, those of one precision, never averaged across two: fp32 (the
+    configs' own) where one of them finished, else the first precision where one did."""
+    finished = [precision(r) for r in group if r["kind"] == "full"]
+    chosen = "fp32" if "fp32" in finished else (finished or ["fp32"])[0]
+    return [r for r in group if precision(r) == chosen]
+
+
 def results_block(runs):
     """The lines between the results markers of README.md: a row per config from the code as
     shipped (Keras 3: the mean of its seeds where it ran several), else from tf-keras, labelled
@@ -558,7 +573,8 @@ def results_block(runs):
     rows = paper_table([])
     keras3, seeded = keras3_only(runs), seed_runs(runs)
     for name in CONFIGS:
-        group = [r for r in keras3 if r in seeded and r["config"]["name"] == name]
+        group = shipped_precision([r for r in keras3
+                                   if r in seeded and r["config"]["name"] == name])
         row = seeds_row(group, ", Keras 3") if group else None
         if row is None:
             one = [r for r in keras3 if r not in seeded and r["config"]["name"] == name]
@@ -609,10 +625,11 @@ def results_readme(all_runs):
         "run (difference: 2 workers relative to one process):", "",
         *epoch_by_epoch(fp32_only(runs)), "",
         "bf16 runs (precision='bf16', docs/precision.md), apart from the table above, against "
-        "the fp32 run of the same config and workers:", "", *bf16_table(runs), "",
-        "The tables above are of runs on tf-keras (Keras 2), the default before Keras 3 "
-        "(docs/keras3.md). Runs on Keras 3, against the tf-keras run of the same config, workers "
-        "and precision:", "", *keras3_table(all_runs), "",
+        "the fp32 run of the same config, workers, Keras and seed:", "", *bf16_table(all_runs),
+        "",
+        "The tables above but the bf16 one are of runs on tf-keras (Keras 2), the default "
+        "before Keras 3 (docs/keras3.md). Runs on Keras 3, against the tf-keras run of the "
+        "same config, workers and precision:", "", *keras3_table(all_runs), "",
         "Runs (command, date, machine):", "",
         *provenance(all_runs), ""])
 

@@ -334,3 +334,27 @@ def test_a_config_trained_with_several_seeds_is_one_row_of_their_mean_and_the_te
         "| small, Keras 3, seed 1, commit abc1234", "| small, Keras 3, seed 2, commit abc1234",
         "| small, Keras 3, seed 3, commit abc1234"]
     assert results.seed_of({"command": "python lm_ptb.py --config config_small"}) == 1234
+
+
+def test_a_bf16_seed_run_is_never_averaged_with_the_fp32_seeds_and_is_set_beside_its_own_seed():
+    """medium on Keras 3: fp32 seeds 1 and 2 done, bf16 seed 1 done. README's row is the fp32
+    seeds' mean; the bf16 table sets bf16 seed 1 beside fp32 seed 1 (not seed 2, not tf-keras)."""
+    env = {"cpu": "AMD EPYC", "cores": 2, "keras": "3.15.1", "commit": "abc1234"}
+
+    def seeded(seed, valid, test, precision="fp32"):
+        events = [epoch(1, 60.0, valid, 100.0), {"event": "test", "test_ppl": test}]
+        r = run("full", 2, events)  # its folder as `make reproduce` names it: ...-bf16-seedN
+        return dict(r, env=env, command=f"mpirun python x.py --seed {seed}",
+                    name=f"small-2workers{'-bf16' * (precision == 'bf16')}-seed{seed}",
+                    config=dict(r["config"], precision=precision))
+    legacy = run("full", 2, [epoch(1, 60.0, 130.0, 100.0), {"event": "test", "test_ppl": 125.0}])
+    runs = [seeded(1, 120.0, 115.0), seeded(2, 122.0, 117.0), seeded(1, 121.2, 115.5, "bf16"),
+            legacy]
+    assert results.results_block(runs)[2].startswith(
+        "| small, Keras 3, seeds 1, 2 | 1 | 60.00 | 121.00 | 116.00 (115.00-117.00) |")
+    assert results.bf16_table(runs)[2:] == [
+        "| small, Keras 3, seed 1 | 2 | 1 | 121.20 | 120.00 | +1.00 % |",
+        "| small, Keras 3, seed 1 | 2 | test | 115.50 | 115.00 | +0.43 % |"]
+    # with only the bf16 seed finished, the row is bf16's, said so
+    only = [dict(seeded(1, 120.0, 115.0), kind="running"), seeded(1, 121.2, 115.5, "bf16")]
+    assert results.results_block(only)[2].startswith("| small, bf16, Keras 3, seed 1 | 1 |")
