@@ -9,6 +9,10 @@
         rewrites the table between the results markers in README.md, results/README.md (the
         full table and every run's provenance), results/runs/*.png (fp32 and bf16 curves) and
         docs/network.md's table
+    python scripts/results.py side-by-side RUN_A RUN_B LABEL_A LABEL_B [FIRST_EPOCH]
+        a study's table (results/studies/tutorial-schedule-*): the learning rate, train and
+        valid perplexity of two runs' metrics.jsonl (folders or files) at each epoch from
+        FIRST_EPOCH (default 1) that both finished
 """
 import json
 import os
@@ -657,12 +661,33 @@ def build():
           "runs")
 
 
+def epoch_ends(path):
+    """epoch -> its last "epoch" event in a run's metrics.jsonl (a resumed epoch: the retrained)."""
+    path = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
+    with open(path) as f:
+        return {e["epoch"]: e for e in map(json.loads, f) if e["event"] == "epoch"}
+
+
+def side_by_side(run_a, run_b, label_a, label_b, first=1):
+    """Markdown rows: each epoch from `first` that both runs finished, "a / b" in each cell."""
+    a, b = epoch_ends(run_a), epoch_ends(run_b)
+    rows = [f"| epoch | lr, {label_a} / {label_b} | train | valid |", "|" + " --- |" * 4]
+    for n in sorted(set(a) & set(b)):
+        if n >= first:
+            rows.append(f"| {n} | {a[n]['lr']:.4g} / {b[n]['lr']:.4g} | "
+                        f"{a[n]['train_ppl']:.2f} / {b[n]['train_ppl']:.2f} | "
+                        f"{a[n]['valid_ppl']:.2f} / {b[n]['valid_ppl']:.2f} |")
+    return rows
+
+
 def main(argv):
     if argv[:1] == ["build"]:
         build()
     elif argv[:1] == ["record"] and len(argv) > 4 and argv[2] in ("full", "partial", "bounded") \
             and argv[3] == "--":
         record(argv[1], argv[2], argv[4:])
+    elif argv[:1] == ["side-by-side"] and len(argv) in (5, 6):
+        print("\n".join(side_by_side(*argv[1:5], *map(int, argv[5:]))))
     elif argv[:1] == ["keep"] and len(argv) == 5:  # adopt a run made by hand: NAME KIND DIR CMD
         env = json.loads(subprocess.run([sys.executable, os.path.join(REPO, "scripts",
                                                                       "record_env.py")],

@@ -1,7 +1,10 @@
 """scripts/results.py: the README table from run logs, on hand-made logs and on the committed ones."""
 import json
 import os
+import re
+import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -358,3 +361,27 @@ def test_a_bf16_seed_run_is_never_averaged_with_the_fp32_seeds_and_is_set_beside
     # with only the bf16 seed finished, the row is bf16's, said so
     only = [dict(seeded(1, 120.0, 115.0), kind="running"), seeded(1, 121.2, 115.5, "bf16")]
     assert results.results_block(only)[2].startswith("| small, bf16, Keras 3, seed 1 | 1 |")
+
+
+@pytest.mark.parametrize("study", ["tutorial-schedule-small", "tutorial-schedule-medium"])
+def test_a_study_table_is_what_its_readme_command_prints_from_the_committed_logs(study):
+    with open(os.path.join(REPO, "results", "studies", study, "README.md")) as f:
+        text = f.read()
+    command = re.search(r"```sh\npython (scripts/results.py side-by-side .*?)\n```", text, re.S)
+    argv = shlex.split(command.group(1).replace("\\\n", " "))
+    printed = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(printed) > 4 and printed == table
+
+
+def test_side_by_side_pairs_the_epochs_both_finished_from_the_first_asked(tmp_path):
+    def log(name, lrs):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(dict(epoch(n, 100.0 / n, 200.0 / n, 1.0), lr=lr)) + "\n"
+                                for n, lr in enumerate(lrs, 1)))
+        return str(path)
+    a, b = log("a.jsonl", [1.0, 0.5, 0.25]), log("b.jsonl", [1.0, 1.0])
+    assert results.side_by_side(a, b, "default", "late", 2) == [
+        "| epoch | lr, default / late | train | valid |", "| --- | --- | --- | --- |",
+        "| 2 | 0.5 / 1 | 50.00 / 50.00 | 100.00 / 100.00 |"]
