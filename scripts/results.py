@@ -662,7 +662,7 @@ def build():
 
 
 def epoch_ends(path):
-    """epoch -> its last "epoch" event in a run's metrics.jsonl (a resumed epoch: the retrained)."""
+    """Epoch -> its last "epoch" event in a metrics.jsonl (trained twice: the later one)."""
     path = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
     with open(path) as f:
         return {e["epoch"]: e for e in map(json.loads, f) if e["event"] == "epoch"}
