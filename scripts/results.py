@@ -74,8 +74,7 @@ def load(name):
     folder = os.path.join(RUNS, name)
     with open(os.path.join(folder, "run.json")) as f:
         run = json.load(f)
-    with open(os.path.join(folder, "metrics.jsonl")) as f:
-        events = [json.loads(line) for line in f]
+    events = read_events(folder)
     run.update(name=name, events=events, config=newest_config(events),
                workers=events[0]["world_size"])
     return run
@@ -187,6 +186,11 @@ def longest_runs(runs):
             for name in CONFIGS}
 
 
+def epoch_ends(events):
+    """Epoch -> its last "epoch" event (an epoch trained twice: the later one)."""
+    return {e["epoch"]: e for e in events if e["event"] == "epoch"}
+
+
 def epoch_by_epoch(runs):
     """The valid perplexity of 2 workers and of one process at each epoch both ran."""
     rows = ["| config | epoch | valid ppl, 2 workers | valid ppl, 1 process | difference |",
@@ -194,8 +198,7 @@ def epoch_by_epoch(runs):
     for name, pair in longest_runs(runs).items():
         if len(pair) < 2:
             continue
-        valid = [{e["epoch"]: e["valid_ppl"] for e in r["events"] if e["event"] == "epoch"}
-                 for r in pair]
+        valid = [{n: e["valid_ppl"] for n, e in epoch_ends(r["events"]).items()} for r in pair]
         for epoch in sorted(set(valid[0]) & set(valid[1])):
             two, one = valid[0][epoch], valid[1][epoch]
             rows.append(f"| {name.replace('config_', '')} | {epoch} | {two:.2f} | {one:.2f} | "
@@ -464,8 +467,8 @@ def paired_table(subjects, reference_of, header, label=lambda r: ""):
     rows = [header, "|" + " --- |" * 6]
     for r in sorted(subjects, key=lambda r: r["name"]):
         ref_run = reference_of(r)
-        reference = {e["epoch"]: e["valid_ppl"] for e in (ref_run or {"events": []})["events"]
-                     if e["event"] == "epoch"}
+        reference = {n: e["valid_ppl"]
+                     for n, e in epoch_ends(ref_run["events"] if ref_run else []).items()}
         pairs = [(e["epoch"], e["valid_ppl"], reference.get(e["epoch"]))
                  for e in r["events"] if e["event"] == "epoch"]
         tests = [last(x, "test", "test_ppl") if x else None for x in (r, ref_run)]
@@ -491,7 +494,7 @@ def bf16_table(runs):
                                   r["workers"]),
         "| config | workers | epoch | valid ppl, bf16 | valid ppl, fp32 | difference |",
         lambda r: (", Keras 3" if keras(r) == "Keras 3" else "")
-        + (f", seed {seed_of(r)}" if r in seed_runs([r]) else ""))
+        + (f", seed {seed_of(r)}" if is_seed_run(r) else ""))
 
 
 def keras(run):
@@ -528,9 +531,13 @@ def seed_of(run):
     return int(words[words.index("--seed") + 1]) if "--seed" in words else DEFAULT_SEED
 
 
+def is_seed_run(run):
+    """A run of `make reproduce SEED=N`, one of a row's several seeds (folder ...-seedN)."""
+    return re.search(r"-seed\d+$", run["name"]) is not None
+
+
 def seed_runs(runs):
-    """The runs of `make reproduce SEED=N`, one of a row's several seeds (folder ...-seedN)."""
-    return [r for r in runs if re.search(r"-seed\d+$", r["name"])]
+    return [r for r in runs if is_seed_run(r)]
 
 
 def seeds_row(group, label):
@@ -661,16 +668,16 @@ def build():
           "runs")
 
 
-def epoch_ends(path):
-    """Epoch -> its last "epoch" event in a metrics.jsonl (trained twice: the later one)."""
+def read_events(path):
+    """The events of a metrics.jsonl, or of the one in folder `path`."""
     path = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
     with open(path) as f:
-        return {e["epoch"]: e for e in map(json.loads, f) if e["event"] == "epoch"}
+        return [json.loads(line) for line in f]
 
 
 def side_by_side(run_a, run_b, label_a, label_b, first=1):
     """Markdown rows: each epoch from `first` that both runs finished, "a / b" in each cell."""
-    a, b = epoch_ends(run_a), epoch_ends(run_b)
+    a, b = (epoch_ends(read_events(path)) for path in (run_a, run_b))
     rows = [f"| epoch | lr, {label_a} / {label_b} | train | valid |", "|" + " --- |" * 4]
     for n in sorted(set(a) & set(b)):
         if n >= first:
