@@ -469,8 +469,8 @@ def paired_table(subjects, reference_of, header, label=lambda r: ""):
         ref_run = reference_of(r)
         reference = {n: e["valid_ppl"]
                      for n, e in epoch_ends(ref_run["events"] if ref_run else []).items()}
-        pairs = [(e["epoch"], e["valid_ppl"], reference.get(e["epoch"]))
-                 for e in r["events"] if e["event"] == "epoch"]
+        pairs = [(n, e["valid_ppl"], reference.get(n))
+                 for n, e in sorted(epoch_ends(r["events"]).items())]
         tests = [last(x, "test", "test_ppl") if x else None for x in (r, ref_run)]
         if all(tests) and epoch_count(r) == epoch_count(ref_run):
             pairs.append(("test", *tests))
