@@ -226,7 +226,6 @@ def test_the_bf16_table_sets_each_epoch_beside_the_fp32_runs_same_epoch():
         "| small | 2 | test | 141.40 | 140.00 | +1.00 % |"]
 
 
-
 def test_an_epoch_trained_twice_is_one_row_of_the_bf16_table_its_later_one():
     # stopped in epoch 2's validation, then resumed from epoch 1: epoch 2 ends twice in the log
     fp32 = run("full", 2, [epoch(1, 300.0, 200.0, 60.0), epoch(2, 200.0, 150.0, 60.0)])
@@ -235,6 +234,7 @@ def test_an_epoch_trained_twice_is_one_row_of_the_bf16_table_its_later_one():
     assert results.bf16_table([fp32, again])[2:] == [
         "| small | 2 | 1 | 202.00 | 200.00 | +1.00 % |",
         "| small | 2 | 2 | 151.50 | 150.00 | +1.00 % |"]
+
 
 def test_the_curves_set_the_longest_bf16_run_beside_the_fp32_ones_of_its_config():
     fp32 = run("partial", 1, [epoch(n, 300.0, 200.0, 900.0) for n in (1, 2, 3)])

@@ -385,15 +385,6 @@ def launch(launcher, args, hosts_dir=None, env=None):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def listed(folder, name):
-    """The checkpoint `name` is whole: the pointer file in `folder` lists it."""
-    try:
-        with open(os.path.join(folder, "checkpoint")) as f:
-            return f'"{name}"' in f.read()
-    except FileNotFoundError:
-        return False
-
-
 def kill_when(job, ready, timeout=150):
     """SIGKILL the job's whole session (mpirun and every rank: a machine taken away) as soon as
     ready() holds."""
@@ -491,10 +482,10 @@ def test_at_a_resume_the_chief_alone_validates_the_cut_epoch_and_the_others_wait
             "--set", "steps_per_epoch=30", "--set", "num_epochs=2", "--set", "eval_steps=40",
             "--set", "model='tests.slow_model:build_recorded'"]
     env = {"PTB_TEST_CALLS": str(calls)}
-    # killed once the pointer file lists ckpt-1: TensorFlow moves it after writing the files,
-    # so a kill at ckpt-1.index alone may leave a resume only the step checkpoints to go on from
-    kill_when(launch(launcher, args, tmp_path, env),
-              lambda: listed(os.path.join(out, "checkpoints"), "ckpt-1"))
+    # the epoch ends' pointer file, written last, when ckpt-1 is whole: a kill at ckpt-1.index
+    # alone may leave the resume only the step checkpoints to go on from
+    saved = os.path.join(out, "checkpoints", "checkpoint")
+    kill_when(launch(launcher, args, tmp_path, env), lambda: os.path.exists(saved))
     # a rank in a process group of its own outlives the session's SIGKILL: the machine is gone
     deadline = time.monotonic() + 30
     while subprocess.run(["pkill", "-KILL", "-f", out]).returncode == 0:
