@@ -121,6 +121,9 @@ def newest_model(run_dir, paths, precision, vocab_size):
             cfg = dict(checkpoint.cfg, precision=precision or checkpoint.cfg.get("precision",
                                                                                  "fp32"))
             model = load_model(run_dir, checkpoint, cfg, vocab_size)
+        except ConfigError:  # refused (another Keras's, say): the damaged ones named first
+            warn_damaged(damaged, f"reading {path} instead")
+            raise
         except UNREADABLE as e:  # damaged: the one before it, as a resume does
             damaged.append((path, first_line(e)))
             continue

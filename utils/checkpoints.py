@@ -8,6 +8,7 @@ row of the global batch.
 import glob
 import json
 import os
+import re
 import shutil
 import sys
 from typing import NamedTuple
@@ -20,6 +21,10 @@ from utils.optimizers import KERAS3, create_slots
 from utils.signals import signals_deferred
 
 tf = import_tensorflow()
+# The pointer file's format, parsed and written as TensorFlow's CheckpointManager does (it has
+# no public parser that says why a file does not parse)
+from google.protobuf import text_format  # noqa: E402
+from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState  # noqa: E402
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
 DATA_PATH_FILE = "data_path.txt"  # the corpus folder it last trained on, for evaluate.py
@@ -98,18 +103,21 @@ class Checkpoints:
         self.folder = os.path.join(output_dir, "checkpoints")
         self.keep = keep
         self.reread()
-        self.restored = None
+        self.restored = self.restored_config = None  # a resume's checkpoint and its config
         RUN["checkpoints"] = self.folder  # for the stop messages: logs.kept_text()
 
     def reread(self):
         """The lists of checkpoints on disk, read anew. Each manager reads its folder's list once
         and writes it back at every save: a process that starts saving later (an elastic worker
         made rank 0) must read it first, or it drops the checkpoints saved meanwhile from the
-        list, and an older one could no longer stand in for a damaged newest one."""
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder,
-                                                  max_to_keep=self.keep)
-        self.in_epoch_manager = tf.train.CheckpointManager(
-            self.checkpoint, os.path.join(self.folder, IN_EPOCH), max_to_keep=2)
+        list, and an older one could no longer stand in for a damaged newest one. A manager
+        whose pointer file is damaged is not made (TensorFlow's would raise, or drop the list):
+        only the chief saves, after its resume has written the pointer anew (start)."""
+        self.manager, self.in_epoch_manager = (
+            None if pointer_damage(folder) else
+            tf.train.CheckpointManager(self.checkpoint, folder, max_to_keep=keep)
+            for folder, keep in ((self.folder, self.keep),
+                                 (os.path.join(self.folder, IN_EPOCH), 2)))
 
     def start(self, resume, change_config=False):
         """Epochs already done: restored with --resume, which starts afresh where no checkpoint
@@ -130,11 +138,10 @@ class Checkpoints:
                 os.makedirs(self.output_dir, exist_ok=True)
                 self._record_data_path()
                 return Position(0)
-            config.check_loss_scaling_kept(self.saved_config(candidates[0]), self.cfg)
-            position = self.restore_latest()
-            changed = config.check_resume(self.saved_config(self.restored), self.cfg,
-                                          change_config)
+            position = self.restore_latest(candidates)
+            changed = config.check_resume(self.restored_config, self.cfg, change_config)
             position = self._check_schedule(position)
+            self._rewrite_damaged_pointers()
             self._record_data_path()  # the folder it trains on now, if the corpus moved
             if changed:
                 print(f"{PREFIX} {changed}", flush=True)
@@ -156,15 +163,30 @@ class Checkpoints:
         self._record_data_path()
         return Position(0)
 
-    def saved_config(self, path):
-        """The config the checkpoint at `path` was trained with: its own, or for one saved before
-        checkpoints held it, the newest of the run's metrics.jsonl ({} if neither is there)."""
-        try:
-            return json.loads(tf.train.load_checkpoint(path).get_tensor(RUN_CONFIG_KEY))
-        except (tf.errors.OpError, ValueError):
-            pass
+    def saved_config(self, reader):
+        """The config a checkpoint (its tf.train.load_checkpoint reader) was trained with: its
+        own, or for one saved before checkpoints held it, the newest of the run's metrics.jsonl
+        ({} if neither is there). Raises one of UNREADABLE where the checkpoint is damaged."""
+        if reader.has_tensor(RUN_CONFIG_KEY):
+            return json.loads(reader.get_tensor(RUN_CONFIG_KEY))
         logged = [e for e in self._events() if "config" in e]
         return {k: v for k, v in logged[-1]["config"].items() if k != "name"} if logged else {}
+
+    def _rewrite_damaged_pointers(self):
+        """After a resume that read the checkpoints by their files (newest_first), their pointer
+        files written anew, listing them: TensorFlow's managers read them to save, and each
+        later reader finds the checkpoints again."""
+        folders = [f for f in (self.folder, os.path.join(self.folder, IN_EPOCH))
+                   if pointer_damage(f)]
+        for folder in folders:
+            try:
+                write_pointer(folder, checkpoint_files(folder))
+            except OSError as e:
+                raise OutputError(f"cannot write the pointer file in {folder} ({os_reason(e)}); "
+                                  "make sure the folder is writable, then rerun with --resume") \
+                    from None
+        if folders:
+            self.reread()
 
     def _events(self):
         try:
@@ -243,22 +265,28 @@ class Checkpoints:
             for path in glob.glob(os.path.join(folder, "*_temp*")):
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
-    def restore_latest(self):
-        """Restore the newest checkpoint that loads; returns its Position. A damaged one (a
-        truncated file, say) is named in a warning and skipped for the one before it; one saved
-        for another model size stops with the config to use."""
-        candidates = newest_first(self.folder)
-        if not candidates:
-            raise ConfigError(f"--resume: no checkpoint in {self.folder}; drop --resume to start "
-                              "afresh or point --output_dir at the run to continue")
+    def restore_latest(self, candidates):
+        """Restore the newest of the checkpoints `candidates` (newest_first) that loads; returns
+        its Position, and keeps its path and config (restored, restored_config). A damaged one
+        (a file cut short or overwritten, say) is named in a warning and skipped for the one
+        before it: every read of a checkpoint is in this one loop, the checks that must come
+        before restoring it too (its Keras, fp16's loss scale), so they are made on the one that
+        is restored. One saved for another model size stops with the config to use."""
         damaged = []
         for path in candidates:  # newest first
             try:
-                refuse_other_keras(tf.train.load_checkpoint(path), path)
+                reader = tf.train.load_checkpoint(path)
+                refuse_other_keras(reader, path)
+                saved = self.saved_config(reader)
+                config.check_loss_scaling_kept(saved, self.cfg)
                 # the in-epoch values are read just below, not by _core: no warning about them
                 self._core.restore(path).assert_existing_objects_matched().expect_partial()
                 tf.train.Checkpoint(in_epoch=self.in_epoch).restore(path).expect_partial()
+            except ConfigError:
+                warn_damaged(damaged, f"reading {path} instead")
+                raise
             except (ValueError, AssertionError) as e:
+                warn_damaged(damaged, f"reading {path} instead")
                 # The half-matched checkpoint object would warn about every unrestored value.
                 tf.get_logger().setLevel("ERROR")
                 raise ConfigError(f"--resume: checkpoint {path} does not fit this config "
@@ -268,7 +296,7 @@ class Checkpoints:
                 damaged.append((path, first_line(e)))
                 continue
             warn_damaged(damaged, f"resuming from {path}")
-            self.restored = path
+            self.restored, self.restored_config = path, saved
             return self.position(path)
         raise ConfigError(f"--resume: no checkpoint in {self.folder} loads (damaged: "
                           f"{', '.join(os.path.basename(p) for p, _ in damaged)}); start afresh "
@@ -307,17 +335,99 @@ def newest_first(folder):
     def where(path):
         if recorded[path]:
             return recorded[path][:2]
-        number = int(path.rsplit("-", 1)[1])
+        number = _number(path)
         if path in ends:
             return number, 0
         return divmod(number, steps) if steps else (0, number)
     return sorted(ends + inside, key=where, reverse=True)
 
 
+POINTER = "checkpoint"  # the file in a checkpoint folder that lists its checkpoints
+CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)\.index$")  # a checkpoint's index: ckpt-N.index
+
+
 def _listed(folder):
-    """The checkpoints the pointer file in `folder` lists, oldest first ([] without one)."""
-    state = tf.train.get_checkpoint_state(folder)
-    return list(state.all_model_checkpoint_paths) if state else []
+    """The checkpoints the pointer file in `folder` lists, oldest first ([] without one). Where
+    the pointer is damaged, or missing beside checkpoints, a warning line names it and the
+    checkpoints are taken by their files (each is read whole or skipped as damaged after)."""
+    damage = pointer_damage(folder)
+    if damage:
+        found = checkpoint_files(folder)
+        print(f"warning: {os.path.join(folder, POINTER)} {damage}; taking the checkpoints there "
+              f"by their files instead: {', '.join(map(os.path.basename, found)) or 'none'}",
+              file=sys.stderr, flush=True)
+        return found
+    state = _read_pointer(folder)
+    if state is None:
+        return []
+    names = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    return [os.path.join(folder, name) for name in names]  # as TensorFlow reads them
+
+
+def _read_pointer(folder):
+    """The pointer file of `folder` parsed as TensorFlow does (a CheckpointState); None without
+    one. Raises ValueError (or OSError) saying what is wrong with a damaged one."""
+    try:
+        with open(os.path.join(folder, POINTER), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    if not raw.strip():
+        raise ValueError("is empty")
+    try:
+        state = text_format.Merge(raw.decode("utf-8"), CheckpointState())
+    except UnicodeDecodeError:
+        raise ValueError("is not text") from None
+    except text_format.ParseError as e:
+        raise ValueError(f"does not parse ({first_line(e)})") from None
+    if not state.model_checkpoint_path:
+        raise ValueError("names no checkpoint")
+    return state
+
+
+def pointer_damage(folder):
+    """What is wrong with the pointer file of `folder`, for a line ("is empty", say); None if it
+    reads, or if there is neither a pointer nor a checkpoint there."""
+    try:
+        if _read_pointer(folder) is not None or not checkpoint_files(folder):
+            return None
+        return "is missing beside checkpoints"
+    except ValueError as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot be read ({os_reason(e)})"
+
+
+def checkpoint_files(folder):
+    """The checkpoints in `folder` by their index files, oldest (lowest number) first."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    numbers = sorted(int(m.group(1)) for m in map(CHECKPOINT_FILE.match, names) if m)
+    return [os.path.join(folder, f"ckpt-{n}") for n in numbers]
+
+
+def write_pointer(folder, paths):
+    """The pointer file of `folder` listing the checkpoints `paths` (oldest first) as
+    TensorFlow's manager writes it: their names, each with its index file's time, all after the
+    last preserved time, so that the manager keeps counting them; without any, no pointer."""
+    target = os.path.join(folder, POINTER)
+    if not paths:
+        os.remove(target)
+        return
+    times = [os.path.getmtime(p + ".index") for p in paths]
+    names = [os.path.basename(p) for p in paths]
+    state = CheckpointState(model_checkpoint_path=names[-1], all_model_checkpoint_paths=names,
+                            all_model_checkpoint_timestamps=times,
+                            last_preserved_timestamp=min(times) - 1)
+    ptb.write_whole(target, text_format.MessageToString(state))
+
+
+def _number(path):
+    """N of a checkpoint named ckpt-N (0 for another name)."""
+    number = re.search(r"-(\d+)$", path)
+    return int(number.group(1)) if number else 0
 
 
 # The optimizer's own step count in a checkpoint: a LossScaleOptimizer's (fp16) is its inner

@@ -121,7 +121,7 @@ def newest_checkpoint(folder):
             with open(pointer) as f:
                 name = f.readline().split('"')[1]
             written = os.path.getmtime(pointer)
-        except (OSError, IndexError):
+        except (OSError, IndexError, ValueError):  # none, or damaged: not text, no name
             continue
         if newest_time is None or written > newest_time:
             newest, newest_time = os.path.join(os.path.dirname(pointer), name), written
