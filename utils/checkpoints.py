@@ -125,7 +125,8 @@ class Checkpoints:
         command continues a run whatever point it stopped at; without --resume, 0, refusing to
         mix with a past run. Says in one line which it did. A resume under another config than
         the checkpoint's says what changed, and refuses what would make it another run unless
-        change_config (config.check_resume); a finished run says so and trains nothing."""
+        change_config (config.check_resume); a finished run says so and trains nothing. A
+        resume with no checkpoint left of epochs the log records refuses, keeping the log."""
         if resume:
             if os.path.exists(self.vocab_path) and ptb.read_vocab(self.vocab_path) != self.vocab:
                 raise ConfigError(f"--resume: the vocabulary of --data_path differs from the "
@@ -133,6 +134,7 @@ class Checkpoints:
                                   "trained on")
             candidates = newest_first(self.folder)
             if not candidates:
+                self._refuse_dropping_logged_epochs()
                 print(f"{PREFIX} --resume: no checkpoint in {self.folder} yet, so this run "
                       "starts afresh", flush=True)
                 os.makedirs(self.output_dir, exist_ok=True)
@@ -171,6 +173,21 @@ class Checkpoints:
             return json.loads(reader.get_tensor(RUN_CONFIG_KEY))
         logged = [e for e in self._events() if "config" in e]
         return {k: v for k, v in logged[-1]["config"].items() if k != "name"} if logged else {}
+
+    def _refuse_dropping_logged_epochs(self):
+        """A resume that finds no checkpoint starts afresh, and its log rewritten from epoch 0
+        would drop what it records: refused where that is a finished epoch (the checkpoints were
+        deleted, or the folder copied without them), so the earlier run's record is kept. The
+        progress lines of a first epoch stopped before its first checkpoint are dropped, as
+        that epoch is trained again."""
+        done = [e["epoch"] for e in self._events() if e.get("event") in ("epoch", "test")]
+        if done:
+            log = os.path.join(self.output_dir, "metrics.jsonl")
+            raise ConfigError(f"--resume: no checkpoint in {self.folder}, but {log} records "
+                              f"{max(done)} epoch{'s' * (max(done) != 1)} of an earlier run, "
+                              "which a start afresh would overwrite; restore its checkpoints to "
+                              "continue it, or move metrics.jsonl aside (or choose another "
+                              "--output_dir) to start a new run")
 
     def _rewrite_damaged_pointers(self):
         """After a resume that read the checkpoints by their files (newest_first), their pointer
