@@ -51,10 +51,15 @@ def ensure_data(data_path, url=None, timeout=30, retries=3, backoff=2.0, md5=MD5
         os.makedirs(data_path, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create data folder {data_path}: {e.strerror}; {how_to}") from None
-    with tempfile.TemporaryFile(dir=data_path) as archive:
-        _fetch(url, archive, timeout, retries, backoff, how_to)
-        archive.seek(0)
-        _extract(archive, data_path, md5, url)
+    try:  # the archive and the files go to data_path: a folder that takes neither stops here
+        with tempfile.TemporaryFile(dir=data_path) as archive:
+            _fetch(url, archive, timeout, retries, backoff, how_to)
+            archive.seek(0)
+            _extract(archive, data_path, md5, url)
+    except OSError as e:  # read-only, full, a folder in a file's place
+        raise DataError(f"cannot write the download in data folder {data_path} "
+                        f"({e.strerror or e}); nothing was kept; free space or make the folder "
+                        f"writable, or {how_to}") from None
 
 
 def _fetch(url, out, timeout, retries, backoff, how_to):
@@ -117,9 +122,15 @@ def _is_safe_member(m):
 
 
 def _write_via_temp(folder, name, content):
+    """(a temp file in `folder` holding `content`, the path it is for); a failed write (a full
+    disk) leaves no temp file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
-    with os.fdopen(fd, "wb") as f:
-        f.write(content)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+    except BaseException:
+        os.remove(tmp)
+        raise
     return tmp, os.path.join(folder, name)
 
 
@@ -190,7 +201,11 @@ def load_corpus(data_path):
 def write_whole(path, text):
     """The file with this text, or as it was: never half written."""
     tmp, final = _write_via_temp(os.path.dirname(path), os.path.basename(path), text.encode())
-    os.replace(tmp, final)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        os.remove(tmp)
+        raise
 
 
 def write_vocab(path, vocab):
