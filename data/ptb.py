@@ -214,8 +214,17 @@ def write_vocab(path, vocab):
 
 
 def read_vocab(path):
-    with open(path, encoding="utf-8") as f:
-        return {w: i for i, w in enumerate(f.read().splitlines())}
+    """A run's vocab.txt (write_vocab) as word -> id."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {w: i for i, w in enumerate(f.read().splitlines())}
+    except OSError as e:
+        why = e.strerror or str(e)
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 text, bad byte at offset {e.start}"
+    raise DataError(f"cannot read the run's vocabulary {path} ({why}); make it readable, or move "
+                    "it away to have it rebuilt from the corpus the run was trained on "
+                    "(--data_path)")
 
 
 def digest(corpus):
