@@ -121,12 +121,19 @@ def _is_safe_member(m):
     return ((m.isfile() or m.isdir()) and not os.path.isabs(name) and ".." not in parts)
 
 
+# The process's umask, for files made through mkstemp (created 0600): a file written here gets
+# the mode open() would have given it, readable by whoever may read the folder
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def _write_via_temp(folder, name, content):
     """(a temp file in `folder` holding `content`, the path it is for); a failed write (a full
     disk) leaves no temp file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             f.write(content)
     except BaseException:
         os.remove(tmp)
