@@ -28,7 +28,8 @@ from utils.checkpoints import (DATA_PATH_FILE, EPOCHS_KEY, IN_EPOCH_STEP_KEY, RU
                                UNREADABLE, VOCAB_FILE, newest_first, refuse_other_keras,
                                warn_damaged)
 from utils.config import DEFAULT_DATA_PATH, ConfigError
-from utils.logs import first_line, parse_line
+from utils.errors import OutputError
+from utils.logs import check_writable, first_line, os_reason, parse_line
 from utils.model import build
 # After utils, which sets TensorFlow's environment (the Keras PTB_KERAS selects) before
 # TensorFlow is imported.
@@ -261,12 +262,19 @@ def export(model, vocab, export_dir):
     archive.track(table)
     archive.add_endpoint("serving_default", next_word_probabilities,
                          input_signature=[tf.TensorSpec([None, None], tf.string)])
-    with contextlib.redirect_stdout(io.StringIO()):  # Keras 3 lists the endpoints it wrote
-        archive.write_out(export_dir)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # Keras 3 lists the endpoints it wrote
+            archive.write_out(export_dir)
+    except (OSError, tf.errors.OpError) as e:  # a full disk, say: main checked the folder
+        raise OutputError(f"cannot write the SavedModel in --export_dir {export_dir} "
+                          f"({os_reason(e)}); free space, or choose another --export_dir") \
+            from None
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.command == "export":  # before the model loads: nothing is written
+        check_writable(args.export_dir, "--export_dir")
     paths = run_checkpoints(args.run)
     if args.command == "perplexity":
         corpus = ptb.load_corpus(corpus_path(args.run, args.data_path))

@@ -97,14 +97,15 @@ def append_whole_line(path, line):
         os.close(fd)
 
 
-def check_writable(folder):
-    """Fail early if `folder` cannot be created or written, without creating anything yet."""
+def check_writable(folder, flag="--output_dir"):
+    """Fail early if `folder` (given as `flag`) cannot be created or written, without creating
+    anything yet."""
     probe = os.path.abspath(folder)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output_dir {folder} is not writable ({probe} is not a writable "
-                          "folder); choose another --output_dir")
+        raise ConfigError(f"{flag} {folder} is not writable ({probe} is not a writable "
+                          f"folder); choose another {flag}")
 
 
 RUN = {"checkpoints": None}  # the checkpoint folder of this process's run (utils/checkpoints.py)
