@@ -43,19 +43,54 @@ def whole_epoch_s(epoch):
     return epoch["epoch_time_s"] * epoch["steps"] / ran if ran else epoch["epoch_time_s"]
 
 
-def load_baseline(path):
-    """epoch -> seconds of the whole epoch, from a single-process run's metrics.jsonl."""
+# The config keys that set a training epoch's work: its steps, the size and cost of each. A
+# baseline under other values timed another model's epochs; the others (Horovod's options, the
+# schedule, the checkpoints' cadence) are what a comparison is about, or leave the work as it is.
+EPOCH_WORK = ("model", "hidden_size", "num_layers", "num_steps", "batch_size", "steps_per_epoch",
+              "backward_passes_per_step", "keep_prob", "precision")
+
+
+def load_baseline(path, cfg=None):
+    """epoch -> seconds of the whole epoch, from a single-process run's metrics.jsonl; with the
+    run's config `cfg`, refused where the baseline's epochs are another config's or are not of
+    one process (check_baseline)."""
     try:
         with open(path) as f:
             events = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError) as e:
         raise ConfigError(f"--baseline {path}: cannot read it ({e}); pass the metrics.jsonl "
                           "of an lm_ptb.py run") from None
-    times = {e["epoch"]: whole_epoch_s(e) for e in events if e.get("event") == "epoch"}
-    if not times:
+    epochs = [e for e in events if e.get("event") == "epoch"]
+    if not epochs:
         raise ConfigError(f"--baseline {path} has no epoch events; let the lm_ptb.py run "
                           "finish at least one epoch")
-    return times
+    if cfg is not None:
+        check_baseline(path, epochs, cfg)
+    return {e["epoch"]: whole_epoch_s(e) for e in epochs}
+
+
+def check_baseline(path, epochs, cfg):
+    """One line refusing a baseline whose epochs ran on more than one worker, or under other
+    values of EPOCH_WORK than the run's config `cfg` (a key a logged config lacks counts at its
+    default)."""
+    from utils.config import DEFAULTS
+    workers = sorted({e.get("world_size", 1) for e in epochs} - {1})
+    if workers:
+        raise ConfigError(f"--baseline {path} is a run of {workers[0]} workers; pass the "
+                          "metrics.jsonl of a single-process run (lm_ptb.py) of this config")
+    ours = {**DEFAULTS, **cfg}
+    for event in (e for e in epochs if "config" in e):  # every line since configs were logged
+        theirs = {**DEFAULTS, **event["config"]}
+        differ = [k for k in EPOCH_WORK if theirs.get(k) != ours.get(k)]
+        if differ:
+            name = theirs.get("name", "a config")
+            raise ConfigError(
+                f"--baseline {path} is a run of {name}, whose "
+                + ", ".join(f"{k} {theirs.get(k)!r}" for k in differ)
+                + f" differ from this run's {cfg.get('name', 'config')} ("
+                + ", ".join(f"{k} {ours.get(k)!r}" for k in differ)
+                + "): its epochs are another model's work; pass the metrics.jsonl of an "
+                "lm_ptb.py run of this config")
 
 
 def peak_rss_mb():
@@ -154,7 +189,7 @@ class RunLog:
         self.world_size = world_size
         self.config = dict(cfg, name=config_name)
         self.num_epochs = cfg["num_epochs"]
-        self.baseline = load_baseline(baseline) if baseline else None
+        self.baseline = load_baseline(baseline, self.config) if baseline else None
         self.output_dir = output_dir
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self._summaries = None
