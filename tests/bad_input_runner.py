@@ -2,7 +2,8 @@
 `__main__` does (cli.run_main), and writes what each did as JSON: the exit status, what it
 wrote on file descriptors 1 and 2 (TensorFlow's C++ lines included), and its seconds; and what
 importing the trainer wrote. TensorFlow is imported once for all of them instead of once each
-(tests/test_faults.py).
+(tests/test_faults.py). A case given as {"script": "evaluate", "argv": [...]} runs that
+script's main instead (tests/test_damage.py); the cases run in their order.
 
     python tests/bad_input_runner.py CASES.json RESULTS.json    # CASES: {name: [arg, ...]}
 """
@@ -48,8 +49,12 @@ def main(cases_path, results_path):
     trainer, out, err = run_captured(lambda: importlib.import_module("lm_ptb"))
     results = {"(import)": {"stdout": out, "stderr": err}}
     for name, argv in cases.items():
+        script = trainer
+        if isinstance(argv, dict):
+            script, argv = importlib.import_module(argv["script"]), argv["argv"]
         started = time.monotonic()
-        status, out, err = run_captured(lambda argv=argv: cli.run_main(trainer.main, argv))
+        status, out, err = run_captured(
+            lambda argv=argv, script=script: cli.run_main(script.main, argv))
         results[name] = {"status": status, "stdout": out, "stderr": err,
                          "seconds": time.monotonic() - started}
     with open(results_path, "w") as f:

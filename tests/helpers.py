@@ -1,4 +1,5 @@
 """Helpers shared by the tests: run the scripts (alone or under mpirun), write small corpora."""
+import contextlib
 import json
 import os
 import subprocess
@@ -200,3 +201,22 @@ def first_loss(data_path, config_path, sets, seed, precision):
     logits, _ = model(tf.constant(x[0]), model.zero_state(cfg["batch_size"]), training=True,
                       noise_seed=train_steps.noise_seed(seed, 0, 0))
     return float(sequence_loss(logits, tf.constant(y[0]))) / cfg["num_steps"]
+
+
+@contextlib.contextmanager
+def read_only_folder(path):
+    """A real folder that refuses writes, for the test: as root (whom permissions do not stop) a
+    read-only tmpfs mounted there, else a folder of mode 0555."""
+    os.makedirs(path)
+    if IS_ROOT:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)],
+                       check=True)
+    else:
+        os.chmod(path, 0o555)
+    try:
+        yield path
+    finally:
+        if IS_ROOT:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+        else:
+            os.chmod(path, 0o755)
