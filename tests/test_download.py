@@ -2,14 +2,20 @@
 import functools
 import http.server
 import io
+import json
 import os
+import shutil
 import socket
+import subprocess
 import tarfile
 import threading
 
 import pytest
 
 from data import ptb
+from tests.helpers import (IS_ROOT, REPO, TINY, patterned_sentences, read_only_folder,
+                           script_env, write_corpus)
+from tests.test_faults import small_disk
 
 
 def make_tgz(files, extra=()):
@@ -25,13 +31,17 @@ def make_tgz(files, extra=()):
     return buf.getvalue()
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # no line on stderr for each request
+        pass
+
+
 @pytest.fixture
 def server(tmp_path):
     """Serves tmp_path/www on 127.0.0.1; yields (www folder, base URL)."""
     www = tmp_path / "www"
     www.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
-    handler.log_message = lambda *a, **k: None
+    handler = functools.partial(QuietHandler, directory=str(www))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -106,14 +116,89 @@ def test_present_files_are_not_downloaded_again(tmp_path):
     assert {name: (tmp_path / name).read_bytes() for name in FILES} == FILES
 
 
-def test_the_md5_check_names_files_that_are_not_ptbs_and_the_fix(tmp_path, capsys):
-    """`python -m data.ptb` (make data, before every make target): a file with other contents
-    is named in one error line with what to do, exit 2; nothing is downloaded over it."""
+def test_the_md5_check_names_files_that_are_not_ptbs_and_the_fix(ptb_path, tmp_path, capsys):
+    """`python -m data.ptb` (make data, before every make target): in a copy of PTB, a file with
+    other contents is named in one error line with what to do, exit 2; nothing is downloaded
+    over it."""
     for name in ptb.FILES:
-        (tmp_path / name).write_text("not the corpus\n")
+        shutil.copy(os.path.join(ptb_path, name), tmp_path / name)
+    (tmp_path / "ptb.valid.txt").write_text("not the corpus\n")
     assert ptb.main(["--data_path", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
-    assert out.count("MISMATCH, expected") == 3
-    assert err.startswith(f"error: ptb.train.txt, ptb.valid.txt, ptb.test.txt in {tmp_path} are "
-                          "not PTB's own; delete them") and err.count("\n") == 1, err
-    assert (tmp_path / "ptb.train.txt").read_text() == "not the corpus\n"
+    assert out.count("MISMATCH, expected") == 1 and out.count(" ok\n") == 2, out
+    assert err.startswith(f"error: ptb.valid.txt in {tmp_path}: not PTB's own (md5), while the "
+                          "rest is: a damaged copy of PTB; delete them") and \
+        err.count("\n") == 1, err
+    assert (tmp_path / "ptb.valid.txt").read_text() == "not the corpus\n"
+
+
+def test_a_corpus_of_ones_own_is_not_md5_checked_and_says_so(tmp_path, capsys):
+    """None of the three files is PTB's: another corpus (README), taken as it is, in one line."""
+    for name in ptb.FILES:
+        (tmp_path / name).write_text("a corpus of my own\n")
+    assert ptb.main(["--data_path", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == (f"data: none of ptb.train.txt, ptb.valid.txt, ptb.test.txt in "
+                          f"{tmp_path} is PTB's own (md5), so they are taken as a corpus of your "
+                          "own and the md5 check is skipped\n", "")
+
+
+def test_a_read_only_data_folder_without_the_files_is_one_line(tmp_path, monkeypatch, capsys):
+    """The archive would go to the folder first: it stops there, before any download."""
+    monkeypatch.setenv("PTB_URL", "http://127.0.0.1:9/never-contacted")  # discard port
+    with read_only_folder(tmp_path / "data") as data:
+        assert ptb.main(["--data_path", str(data)]) == 2
+        assert os.listdir(data) == []
+    reason = "Read-only file system" if IS_ROOT else "Permission denied"
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"error: cannot write the download in data folder {data} ({reason}); nothing was kept; "
+        "free space or make the folder writable, or place ptb.train.txt, ptb.valid.txt, "
+        f"ptb.test.txt in {data} by hand (from simple-examples/data/ in the archive), or point "
+        "--data_path / PTB_DATA_PATH at a copy\n")
+
+
+def test_a_full_disk_while_extracting_is_one_line_and_keeps_nothing(ptb_path, server, tmp_path,
+                                                                     monkeypatch, capsys):
+    """A 3 MiB disk takes the archive of the real files (1.7 MB) but not ptb.train.txt (5.1 MB)."""
+    www, base = server
+    (www / "simple-examples.tgz").write_bytes(make_tgz(
+        {name: open(os.path.join(ptb_path, name), "rb").read() for name in ptb.FILES}))
+    monkeypatch.setenv("PTB_URL", f"{base}/simple-examples.tgz")
+    with small_disk(tmp_path / "disk", "3m") as disk:
+        assert ptb.main(["--data_path", str(disk)]) == 2
+        assert os.listdir(disk) == []  # nor a part of the file it was writing
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(
+        f"error: cannot write the download in data folder {disk} (No space left on device); "
+        "nothing was kept; free space") and err.count("\n") == 1, err
+
+
+def test_another_corpus_trains_through_make_train(tmp_path):
+    """README's other corpus, `PTB_DATA_PATH=/my/corpus make train`: make data says it skips
+    the md5 check, and the trainer trains on that corpus's words."""
+    train = patterned_sentences(600, 0)
+    corpus = write_corpus(tmp_path / "corpus", train, patterned_sentences(100, 1),
+                          patterned_sentences(100, 2))
+    runs = tmp_path / "runs"
+    r = subprocess.run(["make", "train", f"CONFIG={TINY}", f"RUNS={runs}", "NP=1",
+                        "ARGS=--set num_epochs=1 --set steps_per_epoch=5 --set eval_steps=2"],
+                       cwd=REPO, env=dict(script_env(), PTB_DATA_PATH=str(corpus)), text=True,
+                       capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"data: none of ptb.train.txt, ptb.valid.txt, ptb.test.txt in {corpus} is PTB's " \
+           "own (md5), so they are taken as a corpus of your own and the md5 check is " \
+           "skipped\n" in r.stdout, r.stdout
+    run = runs / "config_tiny-np1"
+    assert {w for line in train for w in line.split()} | {ptb.EOS} == \
+        set((run / "vocab.txt").read_text().split())
+    assert "test" in [json.loads(line)["event"] for line in open(run / "metrics.jsonl")]
+
+
+def test_files_written_through_a_temp_file_get_the_mode_of_any_new_file(tmp_path):
+    """mkstemp makes files of mode 0600: a run's vocab.txt (and the PTB files, data_path.txt)
+    must be as readable as a file open() makes there, for whoever shares the folder."""
+    ptb.write_vocab(str(tmp_path / "vocab.txt"), {"a": 0})
+    (tmp_path / "plain.txt").write_text("a\n")
+    assert oct(os.stat(tmp_path / "vocab.txt").st_mode) == \
+        oct(os.stat(tmp_path / "plain.txt").st_mode)
