@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from utils import cli  # noqa: E402
@@ -30,6 +31,9 @@ def run_captured(run):
             value = run()
         except SystemExit as e:  # argparse's own refusals
             value = e.code
+        except Exception:  # as it ends a process of its own: a traceback and status 1, so that
+            traceback.print_exc()  # the cases after it still run, and its test alone fails
+            value = 1
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

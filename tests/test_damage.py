@@ -190,8 +190,7 @@ def keras2(trained, corpus, tmp_path_factory):
                                     "--resume"],
                          "perplexity": evaluate("perplexity", "--run", str(run))}, root,
                         env={"PTB_KERAS": "2"})
-    assert snapshot(run) == before
-    return results, run
+    return results, run, before
 
 
 def lines(text, start):
@@ -266,6 +265,7 @@ def test_the_checks_before_a_restore_read_the_checkpoint_restored_not_a_damaged_
     result, ck = results[f"resume in {precision}"], f"{folders['checks']}/checkpoints"
     shown = result["stdout"] + result["stderr"]
     assert result["status"] == 2 and "Traceback" not in shown, shown
+    assert len(result["stderr"].splitlines()) == 2, shown  # the damaged one named, the refusal
     warning, line = result["stderr"].splitlines()
     assert re.fullmatch(rf"warning: checkpoint {re.escape(ck)}/{NEWEST} is damaged \(.+\); "
                         rf"(resuming from|reading) {re.escape(ck)}/{BEFORE_IT}( instead)?",
@@ -275,16 +275,18 @@ def test_the_checks_before_a_restore_read_the_checkpoint_restored_not_a_damaged_
 
 
 def test_under_the_other_keras_a_damaged_newest_is_named_then_the_one_before_it_refused(keras2):
-    results, run = keras2
+    results, run, before = keras2
     ck = f"{run}/checkpoints"
     for name in ("resume", "perplexity"):
         result = results[name]
+        assert len(result["stderr"].splitlines()) == 2, result  # the damaged one, the refusal
         warning, line = result["stderr"].splitlines()
         assert re.fullmatch(rf"warning: checkpoint {re.escape(ck)}/{NEWEST} is damaged \(.+\); "
                             rf"reading {re.escape(ck)}/{BEFORE_IT} instead", warning), warning
         assert_error_line(result["status"], line,
                           f"checkpoint {ck}/{BEFORE_IT} was written by code on Keras 3, and this "
                           "process runs tf-keras", result)
+    assert snapshot(run) == before
 
 
 @pytest.mark.parametrize("kind", ["checkpoints deleted", "checkpoints emptied"])
