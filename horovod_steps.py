@@ -83,7 +83,8 @@ def check_ranks_agree(cfg, corpus, log_every):
 
 
 def allreduce_options(cfg):
-    """Horovod 3: hvd.DistributedOptimizer's options from the config (README "Communication")."""
+    """Horovod 3: hvd.DistributedOptimizer's options from the config (docs/network.md's
+    "Communication options")."""
     compression = hvd.Compression.fp16 if cfg["fp16_allreduce"] else hvd.Compression.none
     return {"sparse_as_dense": cfg["sparse_as_dense"], "compression": compression}
 

@@ -1,7 +1,7 @@
 """Train the PTB word-level LSTM language model (Zaremba et al. 2014) in one process.
 
 One process, all cores:
-    python lm_ptb.py --config config_small --data_path ../shared/data/ptb
+    python lm_ptb.py --config config_small --data_path data/ptb
 Smoke run (one short epoch):
     python lm_ptb.py --config config_small --set num_epochs=1 --set steps_per_epoch=200
 

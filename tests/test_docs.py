@@ -122,3 +122,74 @@ def test_the_pages_count_the_horovod_patches_there_are():
     assert len(cpu) > 20 and os.path.basename(cpu[-1]).startswith(f"{len(cpu):02d}-"), cpu
     assert f"built with {len(cpu)} small [patches]" in prose("README.md")
     assert f"(`scripts/patches/horovod-0.28.1/`, 01-{len(cpu):02d})" in prose("docs/gpu.md")
+
+
+# A page named with a section in quotes (README "The Horovod steps", docs/network.md's
+# "Communication options"), or with an #anchor (docs/testing.md#ci), outside a Markdown link.
+SECTION_REFERENCE = re.compile(r"\b((?:docs/)?[\w-]+\.md|README)(?:'s)? (?:section )?\"([^\"]+)\"")
+ANCHOR_REFERENCE = re.compile(r"(?<![\w/.-])((?:docs/)?[\w-]+\.md)#([\w-]+)")
+
+
+def named_page(name, where):
+    """The file a reference in the file `where` names: README is the front page; a bare
+    page.md is beside `where`, else in docs/."""
+    if name == "README":
+        return "README.md"
+    for candidate in (os.path.join(os.path.dirname(where), name), name,
+                      os.path.join("docs", name)):
+        if os.path.isfile(os.path.join(REPO, candidate)):
+            return os.path.normpath(candidate)
+    return None
+
+
+def headings(page):
+    with open(os.path.join(REPO, page)) as f:
+        return [m.group(1).strip() for m in re.finditer(r"^#+\s+(.*)$",
+                                                        re.sub(r"```.*?```", "", f.read(),
+                                                               flags=re.S), re.M)]
+
+
+def test_every_section_named_in_code_and_pages_is_a_heading_there():
+    """A section named in words (the heading, or its first words: README "Adapt it") or by its
+    anchor, in any file of the tree but the run logs under results/: a section renamed or moved
+    to another page fails here (README "Communication" was docs/network.md's for a while)."""
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    stale, checked = [], 0
+    this = os.path.relpath(__file__, REPO)  # its docstrings name sections as examples
+    for name in (f for f in files if not f.startswith("results/") and f != this):
+        try:
+            with open(os.path.join(REPO, name)) as f:
+                text = " ".join(f.read().split())  # a reference broken over two lines, joined
+        except (UnicodeDecodeError, IsADirectoryError):
+            continue  # a binary file
+        for m in SECTION_REFERENCE.finditer(text):
+            page, title = named_page(m.group(1), name), m.group(2)
+            checked += 1
+            if page is None:
+                stale.append(f"{name}: {m.group(0)} names no page")
+            elif not any(h == title or h.startswith(title + " ") for h in headings(page)):
+                stale.append(f"{name}: {m.group(0)}: {page} has no such heading")
+        for m in ANCHOR_REFERENCE.finditer(text):
+            page = named_page(m.group(1), name)
+            checked += 1
+            if page is None or m.group(2) not in anchors(page):
+                stale.append(f"{name}: {m.group(0)}: no such page or heading")
+    assert checked > 8, checked
+    assert not stale, "sections named but not there:\n" + "\n".join(stale)
+
+
+def test_the_scripts_help_names_no_path_outside_a_clone():
+    """What --help prints (a script's docstring) is copied as it is: a path of the machine it was
+    written on (lm_ptb.py showed `--data_path ../shared/data/ptb`) fails for everyone else."""
+    import ast
+    scripts = sorted(glob.glob("*.py", root_dir=REPO) + glob.glob("scripts/*.py", root_dir=REPO)
+                     + glob.glob("launch/*.py", root_dir=REPO))
+    outside = []
+    for script in scripts:
+        with open(os.path.join(REPO, script)) as f:
+            doc = ast.get_docstring(ast.parse(f.read())) or ""
+        outside += [f"{script}: {m.group(0)}" for m in
+                    re.finditer(r"(?<![\w.])(?:\.\./|/work/|/home/|/root/)\S*", doc)]
+    assert len(scripts) > 15, scripts
+    assert not outside, outside

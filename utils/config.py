@@ -45,9 +45,9 @@ SCHEMA = {
     "precision": ((str,), False),
 }
 FLAGS = {"scale_lr", "fp16_allreduce", "sparse_as_dense", "timeline"}
-# Horovod options (lm_ptb_distributed.py; one process ignores them), see README "Communication",
-# and the layout of the per-epoch validation (None: the training layout, batch_size x
-# num_steps). A config file may set them; otherwise these defaults hold.
+# Horovod options (lm_ptb_distributed.py; one process ignores them: docs/network.md's
+# "Communication options"), and the layout of the per-epoch validation (None: the training
+# layout, batch_size x num_steps). A config file may set them; otherwise these defaults hold.
 DEFAULTS = {"scale_lr": False, "fp16_allreduce": False, "sparse_as_dense": False,
             "reduce_type": "grad", "param_sync_steps": 10, "timeline": False,
             "valid_batch_size": None, "valid_num_steps": None,
