@@ -18,7 +18,7 @@ from utils.train_steps import make_eval_step, make_train_step, seed_everything
 
 
 def main(argv=None):
-    args = config.parse_args(argv, __doc__)
+    args = cli.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     hardware.set_threads(args.threads or hardware.available_cores())
     is_chief = True

@@ -30,7 +30,7 @@ import horovod_steps as steps  # Horovod 2-10: the hardening, shared with lm_ptb
 
 
 def main(argv=None):
-    args = config.parse_args(argv, __doc__)
+    args = cli.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     steps.set_horovod_env(cfg)  # Horovod 2, 9: read once, by hvd.init()
     hvd.init()  # Horovod 1: start the ranks' background communication

@@ -70,7 +70,7 @@ def watchdog_through_resets(watchdog):
 
 
 def main(argv=None):
-    args = config.parse_args(argv, __doc__)
+    args = cli.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     cfg["checkpoint_every"] = cfg["checkpoint_every"] or COMMIT_EVERY  # Elastic 5: as logged
     config.check_together(cfg)  # Elastic 5: commits inside epochs, so no reduce_type 'param'

@@ -241,7 +241,7 @@ def wait_for_chief(collectives, watchdog, is_chief, stats, train_x, eval_x):
 
 
 def main(argv=None):
-    args = config.parse_args(argv, __doc__)
+    args = cli.parse_args(argv, __doc__)
     cfg = config.load_config(args.config, args.set)
     config.refuse_horovod_only(cfg, "tf.distribute")  # tf.distribute 7: none would act
     refuse_fp16(cfg)  # tf.distribute 3: its optimizer sums before the clip, not yet in fp16

@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from data import ptb  # noqa: E402  (numpy only)
-from utils import config  # noqa: E402  (no TensorFlow)
+from utils import cli  # noqa: E402  (no TensorFlow)
 
 
 class PTBModel(torch.nn.Module):
@@ -114,7 +114,7 @@ def main(argv=None):
         units, steps, reps = map(int, argv[i + 1:i + 4])
         print(json.dumps({"torch": torch.__version__, "ms": time_layer(units, steps, reps, 0)}))
         return
-    args = config.parse_args(argv, __doc__)
+    args = cli.parse_args(argv, __doc__)
     train(args, config.load_config(args.config, args.set))
 
 

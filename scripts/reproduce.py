@@ -38,7 +38,7 @@ sys.path.insert(0, REPO)
 from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
 from scripts.results import epoch_time, newest_config  # noqa: E402
-from utils import KERNEL_DEFAULTS, config  # noqa: E402
+from utils import KERNEL_DEFAULTS, cli, config  # noqa: E402
 
 DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs
 # How long a start waits for the trainer's first progress line (log_every 100 steps: large in
@@ -66,7 +66,7 @@ def parse_args(argv):
                         "of its own")
     p.add_argument("--data_path", default=config.DEFAULT_DATA_PATH)
     p.add_argument("--seed", type=int, default=None,
-                   help=f"passed to the trainer (default: its {config.DEFAULT_SEED}); a run of "
+                   help=f"passed to the trainer (default: its {cli.DEFAULT_SEED}); a run of "
                         "another seed has folders of its own")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to the trainer (bounded runs in the tests)")
@@ -90,7 +90,7 @@ def names(args):
 
 def other_seed(args):
     """Whether the run has a --seed other than the trainer's default."""
-    return args.seed is not None and args.seed != config.DEFAULT_SEED
+    return args.seed is not None and args.seed != cli.DEFAULT_SEED
 
 
 def make_command(args, settings=None, checkout=REPO, sets=(), target="reproduce"):

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from tests.helpers import REPO
-from utils import config
+from utils import cli, config
 from utils.loop import learning_rate
 
 PAPER = {  # Zaremba et al. 2014 / the TF tutorial's table
@@ -113,7 +113,7 @@ def test_horovod_options_default_when_a_config_omits_them(tmp_path):
 def test_help_keeps_the_scripts_example_commands_on_lines_of_their_own(capsys):
     doc = "Train it.\n\nOne process:\n    python lm_ptb.py --config config_small\n"
     with pytest.raises(SystemExit) as stop:
-        config.parse_args(["--help"], doc)
+        cli.parse_args(["--help"], doc)
     out = capsys.readouterr().out
     assert stop.value.code == 0
     assert "\n    python lm_ptb.py --config config_small\n" in out, out

@@ -266,7 +266,7 @@ def parsed(words):
     are Open MPI's (the tests run those commands); horovodrun's are parsed by Horovod's parser."""
     import importlib
     sys.path.insert(0, os.path.join(REPO, "launch"))
-    from utils import config
+    from utils import cli, config
     while words and "=" in words[0]:
         words = words[1:]
     program, rest = words[0], words[1:]
@@ -287,7 +287,7 @@ def parsed(words):
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return [(program, args), *(parsed(command) if command else [])]
     if program in TRAINERS:
-        args = config.parse_args(rest)
+        args = cli.parse_args(rest)
         config.load_config(args.config, args.set)  # the config and its --set keys
         return [(program, args)]
     if program == "evaluate.py":

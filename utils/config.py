@@ -1,5 +1,5 @@
-"""Command line and configs: the flags both trainers share, config modules, `--set`."""
-import argparse
+"""Configs: the config modules, their keys and checks, `--set` overrides, what a resume may
+change; and where the data is by default."""
 import ast
 import difflib
 import hashlib
@@ -72,45 +72,6 @@ CHOICES = {"reduce_type": ("grad", "param"), "precision": ("fp32", "bf16", "fp16
 # is saved and watched. Any other change (dropout, learning rate, precision...) makes the rest
 # of the run another experiment under the same name, so a resume refuses it unless asked.
 RESUME_MAY_CHANGE = {"num_epochs", "checkpoint_every", "step_timeout_s", "timeline"}
-DEFAULT_SEED = 1234  # --seed's
-
-
-def parse_args(argv=None, description=None):
-    # the script's docstring as written: its example commands are lines of their own
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="config_small",
-                   help="config module name (config_small) or path to a .py file")
-    p.add_argument("--data_path", default=DEFAULT_DATA_PATH,
-                   help="folder with ptb.{train,valid,test}.txt; downloaded there if missing "
-                        "(default: $PTB_DATA_PATH or data/ptb)")
-    p.add_argument("--output_dir", default="runs/latest",
-                   help="metrics.jsonl and checkpoints go here")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                   help=f"seeds the initial weights and the dropout masks (default: "
-                        f"{DEFAULT_SEED})")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key with a Python literal; repeatable")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --output_dir")
-    p.add_argument("--change_config", action="store_true",
-                   help="with --resume: let the run go on under config values other than those "
-                        "it was trained with (a resume refuses them otherwise)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="TensorFlow threads per process (default: all cores, shared among "
-                        "the workers of a host)")
-    p.add_argument("--log_every", type=int, default=0,
-                   help="progress line every N steps (default: about ten per epoch)")
-    p.add_argument("--baseline", default=None, metavar="METRICS_JSONL",
-                   help="metrics.jsonl of a single-process run, for time-per-epoch comparison")
-    args = p.parse_args(argv)
-    for flag in ("threads", "log_every"):
-        if getattr(args, flag) < 0:
-            raise ConfigError(f"--{flag} must be 0 (the default: chosen for you) or more, got "
-                              f"{getattr(args, flag)}")
-    return args
-
-
 def load_config(name_or_path, overrides=()):
     """The config as a dict, validated, with `--set KEY=VALUE` overrides applied."""
     module = _import_config(name_or_path)
