@@ -17,13 +17,13 @@ import sys
 from data import ptb
 from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints, Position
-from utils.membership import Membership
 from utils.model import build
 from utils.optimizers import make_optimizer
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
 import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects the Keras: Horovod 3)
 import tensorflow as tf  # Horovod 2
 import horovod_steps as steps  # Horovod 2-10: the hardening, shared with lm_ptb_distributed.py
+from elastic_membership import Membership  # Elastic 8: what a reset changed
 
 
 COMMIT_EVERY = 100  # Elastic 5: steps between commits when checkpoint_every is not set

@@ -221,10 +221,10 @@ def test_a_worker_count_that_does_not_divide_the_batch_is_refused_in_one_line():
 
 
 def test_a_reset_is_told_by_the_workers_that_were_there_and_all_agree():
-    """utils.membership by hand: 2 workers at step 50 of epoch 1, the one on 127.0.0.1 lost,
+    """elastic_membership.py by hand: 2 workers at step 50 of epoch 1, the one on 127.0.0.1 lost,
     the survivor back at the commit of step 40; then a new worker on 127.0.0.1 at step 60."""
     from utils.checkpoints import Position
-    from utils.membership import Membership
+    from elastic_membership import Membership
     first, second = Membership("localhost"), Membership("127.0.0.1")
     gathered = [first.mine(), second.mine()]
     assert first.start(gathered, Position(0)) is None

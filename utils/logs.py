@@ -308,7 +308,7 @@ class RunLog:
                              "epoch/time_s": t, "epoch/words_per_sec": stats["wps"]})
 
     def reset(self, change):
-        """lm_ptb_elastic.py, after a lost or added worker: a membership.Membership.start()."""
+        """lm_ptb_elastic.py, after a lost or added worker: an elastic_membership.Membership.start()."""
         hosts = [f"{what} {', '.join(change[what])}" for what in ("lost", "added") if change[what]]
         rolled = change["rolled_back_steps"]
         self._write(" | ".join(

@@ -1,4 +1,5 @@
-"""What an elastic reset changed, for the line rank 0 prints about it (lm_ptb_elastic.py).
+"""What an elastic reset changed, for the line rank 0 prints about it: lm_ptb_elastic.py's alone,
+so beside it, not in utils/ (which holds nothing about distribution).
 
 Plain Python, no Horovod: every worker keeps a Membership; after each (re)start the script
 gathers every worker's `mine()` and hands the list to `start()`. New workers know nothing, so
