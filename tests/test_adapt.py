@@ -6,10 +6,10 @@ import numpy as np
 from tests.helpers import TINY, checkpoint_weights, events, mpirun
 
 
-def test_a_gru_from_a_test_file_trains_with_two_ranks(corpus, tmp_path):
+def test_a_gru_from_examples_trains_with_two_ranks(corpus, tmp_path):
     out = tmp_path / "gru"
     r = mpirun((2, ["--config", TINY, "--data_path", corpus, "--output_dir", str(out),
-                    "--set", "model='tests.gru_model:build'", "--set", "num_epochs=3",
+                    "--set", "model='examples.gru_model:build'", "--set", "num_epochs=3",
                     "--set", "keep_prob=0.8", "--log_every", "10"]))
     assert r.returncode == 0, r.stdout + r.stderr
     epochs = events(out, "epoch")
@@ -31,13 +31,13 @@ def test_a_model_that_cannot_be_loaded_is_one_line(corpus, tmp_path):
 
 
 def test_a_keras3_transformer_trains_with_two_ranks_as_one_process(ptb_path, tmp_path):
-    """A model from Keras 3's own layers (tests/transformer_model.py: MultiHeadAttention with a
+    """A model from Keras 3's own layers (examples/transformer_model.py: MultiHeadAttention with a
     causal mask) through the unchanged trainers: 2 ranks give one process's losses and weights,
     and evaluate.py scores its checkpoint as the run's own test did."""
     from tests.helpers import run_script
     from tests.test_distributed import EQUIV_SET
     common = ["--config", TINY, "--data_path", ptb_path, *EQUIV_SET,
-              "--set", "model='tests.transformer_model:build'"]
+              "--set", "model='examples.transformer_model:build'"]
     single, dist = tmp_path / "single", tmp_path / "dist"
     r = run_script(["lm_ptb.py", *common, "--output_dir", str(single)], timeout=240)
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,7 @@ from tests.helpers import REPO
 
 # Paths the pages name that a checkout only has after a command has made them.
 MADE_LATER = {"data/ptb": "make data downloads PTB there"}
-TOP_FOLDERS = ("results", "scripts", "docs", "tests", "utils", "data", "launch", ".ci")
+TOP_FOLDERS = ("results", "scripts", "docs", "tests", "utils", "data", "launch", ".ci", "examples")
 
 
 def pages():

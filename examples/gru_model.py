@@ -1,5 +1,6 @@
 """Another model for the trainers, as README "Adapt it" says: a GRU language model, built by a
-function that the config's `model` key names (tests/test_adapt.py trains it on 2 ranks)."""
+function that the config's `model` key names (--set "model='examples.gru_model:build'";
+tests/test_adapt.py trains it on 2 ranks)."""
 import tensorflow as tf
 
 

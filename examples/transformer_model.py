@@ -1,7 +1,8 @@
 """A model this project did not design, for the trainers as README "Adapt it" says: a small
 Transformer decoder from Keras 3's own layers (keras.layers.MultiHeadAttention with a causal
-mask, LayerNormalization, Dense), named by the config's `model` key. tests/test_adapt.py trains
-it on 2 ranks against one process. Keras 3 only: run it with the default PTB_KERAS."""
+mask, LayerNormalization, Dense), named by the config's `model` key
+(--set "model='examples.transformer_model:build'"). tests/test_adapt.py trains it on 2 ranks
+against one process. Keras 3 only: run it with the default PTB_KERAS."""
 import keras
 import tensorflow as tf
 
