@@ -18,6 +18,10 @@ Two hosts, one worker each (see README for every flag; add --allow-run-as-root a
 """
 import sys
 
+import utils  # first: tf.keras becomes the Keras that PTB_KERAS names
+# TensorFlow as the scripts here start it, before the imports below load it: oneDNN on (x86),
+# its start-up notes and Keras' matplotlib left out; a Python without it stops in one line
+utils.import_tensorflow()
 from data import ptb
 from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints

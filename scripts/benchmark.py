@@ -24,10 +24,11 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import utils  # noqa: E402
+utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
+import numpy as np  # noqa: E402
 
 from utils import child_env, config, import_tensorflow  # noqa: E402
 from utils.config import DEFAULT_DATA_PATH  # noqa: E402

@@ -34,6 +34,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import utils  # noqa: E402
+utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
 from scripts import record_env, twohosts  # noqa: E402
 
 REPO = twohosts.REPO

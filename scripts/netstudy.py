@@ -24,6 +24,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import utils  # noqa: E402
+utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from scripts import twohosts  # noqa: E402

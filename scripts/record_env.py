@@ -8,7 +8,9 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from utils import import_tensorflow  # noqa: E402  (also sets TensorFlow's variables)
+import utils  # noqa: E402
+utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
+from utils import import_tensorflow  # noqa: E402
 
 # the vector units that set TensorFlow's speed here, and whether oneDNN is on by default
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
@@ -52,8 +54,8 @@ def keras_version(tf):
 
 def record():
     """The environment of a results run (imports TensorFlow and Horovod for their versions)."""
+    tf = import_tensorflow()  # first, as the trainers start it (its variables recorded too)
     import horovod
-    tf = import_tensorflow()
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu_model(),

@@ -35,6 +35,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import utils  # noqa: E402
+utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
 from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
 from scripts.results import epoch_time, newest_config  # noqa: E402

@@ -25,6 +25,8 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import utils  # noqa: E402
+utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
 from utils import config  # noqa: E402
 from utils.logs import whole_epoch_s  # noqa: E402
 RESULTS = os.path.join(REPO, "results")

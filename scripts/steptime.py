@@ -22,6 +22,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import utils  # noqa: E402
+utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
 
 from utils import child_env  # noqa: E402
 from utils.config import ConfigError, load_config  # noqa: E402
@@ -49,8 +51,9 @@ def serve(config_name, overrides, threads, batch, data_path=None):
     """A worker: build the model and its train step, warm up, then on each 'N' line from the
     driver run N steps (with data_path: train_epoch over N real windows, each burst at the
     next ones) and answer with the seconds they took."""
-    from utils import import_tensorflow, optimizers, train_steps  # Keras selected first
-    tf = import_tensorflow()
+    from utils import import_tensorflow
+    tf = import_tensorflow()  # before the modules that import it
+    from utils import optimizers, train_steps
     from utils.model import build
     # a variant may set TensorFlow's own TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS
     if "TF_NUM_INTRAOP_THREADS" not in os.environ:

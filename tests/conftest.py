@@ -9,7 +9,10 @@ import pytest
 # (tests/stand_in_gpus.py); the GPU build by `make gpu-build-check` (docs/gpu.md).
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-import utils  # noqa: E402,F401  before any test imports TensorFlow: the Keras PTB_KERAS selects
+import utils  # noqa: E402  before any test imports TensorFlow: the Keras PTB_KERAS selects
+# TensorFlow's variables as the scripts set them (oneDNN on, fewer notes), for the tests' own
+# TensorFlow and every process they start; TensorFlow itself is imported by the tests that use it
+utils.set_tensorflow_defaults()
 from tests.helpers import REPO, patterned_sentences, write_corpus
 
 # The files that take longest, first: `make test` hands whole files to its workers in the order

@@ -13,12 +13,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import utils  # noqa: E402  first: the Keras PTB_KERAS selects, before TensorFlow loads
+tf = utils.import_tensorflow()  # as the trainers start it, before Horovod imports it
 import numpy as np  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 from keras3_probe import report  # noqa: E402 -- tests/, the script's own folder
 from utils.optimizers import KERAS3  # noqa: E402
 
-tf = utils.import_tensorflow()
 keras = tf.keras
 optimizers = keras.optimizers if KERAS3 else keras.optimizers.legacy  # Horovod's Keras 2 path
 

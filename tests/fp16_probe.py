@@ -12,11 +12,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import utils  # noqa: E402  first: the Keras PTB_KERAS selects (this probe: Keras 3)
+tf = utils.import_tensorflow()  # as the trainers start it, before Horovod imports it
 import numpy as np  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 from keras3_probe import report  # noqa: E402 -- tests/, the script's own folder
 
-tf = utils.import_tensorflow()
 keras = tf.keras
 BATCH, ROWS, OVERFLOW_BATCH = 8, 32, 2
 

@@ -7,7 +7,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import utils  # noqa: F401,E402  first: it selects the Keras (Keras 3 unless PTB_KERAS=2)
+import utils  # noqa: E402  first: it selects the Keras (Keras 3 unless PTB_KERAS=2)
+utils.import_tensorflow()  # as the trainers start it, before Horovod imports it
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -8,9 +8,9 @@ import runpy
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from utils import import_tensorflow, optimizers  # noqa: E402
-
-tf = import_tensorflow()
+import utils  # noqa: E402
+tf = utils.import_tensorflow()  # as the trainers start it, before utils.optimizers imports it
+from utils import optimizers  # noqa: E402
 
 
 def make_optimizer(cfg):

@@ -5,7 +5,8 @@ import hashlib
 import json
 import sys
 
-import utils  # noqa: F401  first: TensorFlow's environment (Keras 2), utils/__init__.py
+import utils  # first: the Keras PTB_KERAS selects (Keras 2 here), utils/__init__.py
+utils.import_tensorflow()  # as the trainers start it, before Horovod imports it
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf

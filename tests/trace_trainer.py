@@ -11,6 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import utils  # noqa: E402  the Keras before TensorFlow, as every script does
+utils.import_tensorflow()  # as the trainer it runs starts it, before the modules below
 from utils import checkpoints, logs, loop, watchdog  # noqa: E402
 from tests.helpers import run_runner  # noqa: E402
 

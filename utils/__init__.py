@@ -1,8 +1,10 @@
-"""Everything the two trainers share that is not about distribution.
+"""Everything the trainers share that is not about distribution.
 
-Imported before TensorFlow (every script does so), it sets the variables TensorFlow reads once,
-when it is first imported; the modules that use TensorFlow import it through
-import_tensorflow(), without the start-up notes that ignore TF_CPP_MIN_LOG_LEVEL."""
+Importing it does one thing, which must come before TensorFlow's first import: tf.keras becomes
+the Keras PTB_KERAS names. All else about how TensorFlow starts is a call the scripts make by
+name, first thing: import_tensorflow() (oneDNN on, its start-up notes and Keras' matplotlib left
+out; a Python without it stops in one line). The modules here import TensorFlow as it is, so a
+copy of them gets none of that unless it makes the call."""
 import contextlib
 import importlib.abc
 import importlib.util
@@ -25,7 +27,45 @@ if KERAS == "2" and importlib.util.find_spec("tf_keras"):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
 elif KERAS == "3":
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up notes out of the log
+
+# What `make setup` installs into .venv and the scripts import: a Python without one of them is
+# not .venv's (the system's `python`, say), and stops in one line (require_setup).
+SETUP_PACKAGES = ("tensorflow", "horovod", "numpy", "keras", "tf_keras", "matplotlib",
+                  "tensorboard")
+
+
+def _setup_line(package):
+    venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv")
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):  # .venv's own, set up wrong
+        return f"error: .venv has no {package}: run `make setup` again, which installs it there"
+    return (f"error: {sys.executable} has no {package}: start the scripts with .venv/bin/python "
+            "(or after `. .venv/bin/activate`), which `make setup` makes")
+
+
+def _missing_package_hook(previous):
+    """An excepthook that ends on _setup_line for a SETUP_PACKAGES module not found, and hands
+    every other error to `previous`."""
+    def hook(kind, error, trace):
+        package = (getattr(error, "name", None) or "").partition(".")[0]
+        if issubclass(kind, ModuleNotFoundError) and package in SETUP_PACKAGES:
+            sys.stderr.write(_setup_line(package) + "\n")
+            sys.stderr.flush()
+        else:
+            previous(kind, error, trace)
+    hook.names_setup = True
+    return hook
+
+
+def require_setup():
+    """Where this Python has no TensorFlow, one line naming .venv/bin/python and `make setup`,
+    and exit 2; and the same line, not a traceback, for another of SETUP_PACKAGES whose import
+    fails later (Horovod, in a Python that has TensorFlow alone)."""
+    if not getattr(sys.excepthook, "names_setup", False):
+        sys.excepthook = _missing_package_hook(sys.excepthook)
+    if importlib.util.find_spec("tensorflow") is None:
+        sys.stderr.write(_setup_line("tensorflow") + "\n")
+        sys.exit(2)
+
 
 # TensorFlow's x86 builds run oneDNN's kernels by default only on CPUs with AVX-512 VNNI or
 # newer units; on the others (the AVX2-only EPYCs here) Eigen's run, and with oneDNN's the fp32
@@ -33,8 +73,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up
 # measured (results/bench/onednn-avx2/). So oneDNN on every x86 CPU; TF_ENABLE_ONEDNN_OPTS=0
 # turns it off.
 KERNEL_DEFAULTS = {"TF_ENABLE_ONEDNN_OPTS": "1"} if platform.machine() == "x86_64" else {}
-for _name, _value in KERNEL_DEFAULTS.items():
-    os.environ.setdefault(_name, _value)
+
+
+def set_tensorflow_defaults():
+    """TensorFlow's variables as the scripts run it, where the environment does not set them:
+    KERNEL_DEFAULTS, and its C++ notes below warnings left out of the log. They are read once,
+    at TensorFlow's first import, and pass to the processes this one starts."""
+    for name, value in {**KERNEL_DEFAULTS, "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
+        os.environ.setdefault(name, value)
+
 
 # Since TensorFlow 2.19 a few notes are logged before TF_CPP_MIN_LOG_LEVEL is read (tensorflow
 # issue 100442): wherever oneDNN is on, every start prints them, and a bad input's one-line
@@ -70,7 +117,7 @@ def stderr_without(*notes):
     filter process that drops the lines holding any of `notes`, and passes on every other line
     as it comes, also when the call inside aborts or hangs; unfiltered where
     TF_CPP_MIN_LOG_LEVEL asks for every note."""
-    if os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("", "0"):
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "") in ("", "0"):
         yield
         return
     import subprocess
@@ -108,12 +155,16 @@ class _WithoutMatplotlib(importlib.abc.MetaPathFinder):
 
 
 def import_tensorflow():
-    """TensorFlow, imported the first time without STARTUP_NOTES, its devices listed then too
-    (without HIDDEN_GPUS_NOTE where CUDA_VISIBLE_DEVICES hides them all), and without Keras'
-    import of matplotlib (_WithoutMatplotlib)."""
+    """TensorFlow as every script here starts it, called first thing (before any module that
+    imports TensorFlow): in a Python that has it (require_setup), with set_tensorflow_defaults(),
+    without STARTUP_NOTES, its devices listed then too (without HIDDEN_GPUS_NOTE where
+    CUDA_VISIBLE_DEVICES hides them all), and without Keras' import of matplotlib
+    (_WithoutMatplotlib). Once TensorFlow is imported, it only returns it."""
     if "tensorflow" in sys.modules:
         import tensorflow
         return tensorflow
+    require_setup()
+    set_tensorflow_defaults()
     hide = _WithoutMatplotlib() if "matplotlib" not in sys.modules else None
     if hide:
         sys.meta_path.insert(0, hide)

@@ -13,18 +13,18 @@ import shutil
 import sys
 from typing import NamedTuple
 
+import tensorflow as tf
+# The pointer file's format, parsed and written as TensorFlow's CheckpointManager does (it has
+# no public parser that says why a file does not parse)
+from google.protobuf import text_format
+from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
+
 from data import ptb
-from utils import config, import_tensorflow
+from utils import config
 from utils.errors import ConfigError, OutputError
 from utils.logs import IN_EPOCH, PREFIX, RUN, first_line, newest_checkpoint, os_reason, parse_line
 from utils.optimizers import KERAS3, create_slots
 from utils.signals import signals_deferred
-
-tf = import_tensorflow()
-# The pointer file's format, parsed and written as TensorFlow's CheckpointManager does (it has
-# no public parser that says why a file does not parse)
-from google.protobuf import text_format  # noqa: E402
-from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState  # noqa: E402
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
 DATA_PATH_FILE = "data_path.txt"  # the corpus folder it last trained on, for evaluate.py

@@ -2,10 +2,10 @@
 and GPUs."""
 import os
 
-from utils import import_tensorflow, stderr_without
-from utils.errors import ConfigError
+import tensorflow as tf
 
-tf = import_tensorflow()
+from utils import stderr_without
+from utils.errors import ConfigError
 
 
 # The CPU flags of matmul units in each reduced precision (Linux names), and the raw line oneDNN

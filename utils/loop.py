@@ -3,13 +3,12 @@ evaluation to a perplexity, and the line of an epoch whose validation a stop cut
 import math
 import time
 
+import tensorflow as tf
+
 from data import ptb
-from utils import import_tensorflow
 from utils.errors import ConfigError, TrainingError
 from utils.schedule import epoch_steps, learning_rate
 from utils.signals import signals_deferred
-
-tf = import_tensorflow()
 
 
 def perplexity(loss_sum, num_steps_total):

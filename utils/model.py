@@ -1,10 +1,7 @@
 """The word-level LSTM language model of Zaremba et al. 2014, in tf.keras."""
 import importlib
 
-from utils import import_tensorflow
-
-tf = import_tensorflow()
-
+import tensorflow as tf
 
 # The config's precision -> the dtype of the matmuls' operands (utils/config.py checks the name)
 COMPUTE_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}

@@ -1,10 +1,9 @@
 """The optimizer of the paper (SGD, clipped by the global norm), its state made up front, and the
 update, the same on Keras 3 and on Keras 2 (utils.KERAS says which tf.keras is)."""
-import utils
-from utils import import_tensorflow
-from utils.errors import ConfigError, TrainingError
+import tensorflow as tf
 
-tf = import_tensorflow()
+import utils
+from utils.errors import ConfigError, TrainingError
 
 KERAS3 = tf.keras.__name__.startswith("keras._tf_keras")  # tf_keras (2.15: keras.api._v2)
 

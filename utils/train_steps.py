@@ -1,10 +1,9 @@
 """The compiled steps: a training step (gradient accumulation included, its dropout masks a
 function of the seed, the rank and the optimizer's step) and an evaluation step."""
-from utils import import_tensorflow
+import tensorflow as tf
+
 from utils.model import sequence_loss
 from utils.optimizers import minimize, scale_loss
-
-tf = import_tensorflow()
 
 # The steps are traced without AutoGraph: their loops and branches (over time steps, layers,
 # passes, `training`) run on Python values, so AutoGraph has nothing to convert, and converting

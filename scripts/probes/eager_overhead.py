@@ -2,9 +2,9 @@
 epoch's tensors, adding the loss to the pending sum), in microseconds, median of 5 x 2000."""
 import os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import utils  # noqa: F401
+import utils
+tf = utils.import_tensorflow()  # as the trainers start it: oneDNN on, notes held back
 import numpy as np
-import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(2)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 x = tf.constant(np.zeros((2000, 20, 20), np.int32))

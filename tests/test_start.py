@@ -1,0 +1,100 @@
+"""How every script starts: a Python that is not .venv's stops in one line naming .venv/bin/python
+and `make setup`; importing utils changes nothing but the Keras, and the rest of how TensorFlow
+starts (oneDNN, its notes, matplotlib) comes from the call the scripts make by name."""
+import ast
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, script_env
+
+# Scripts that are not started by a user with .venv's Python: their own venv (torch, no
+# TensorFlow), or a relay the other scripts start with the Python they run under.
+NOT_VENV_SCRIPTS = {"scripts/peer_pytorch.py": "runs in .venv-peer (make peer)",
+                    "scripts/twohosts.py": "started by the scripts that use it, as a relay"}
+
+
+def entry_points():
+    """Every script with a __main__ block at the top and under scripts/ (not its probes)."""
+    found = []
+    for path in sorted(glob.glob("*.py", root_dir=REPO) + glob.glob("scripts/*.py", root_dir=REPO)):
+        with open(os.path.join(REPO, path)) as f:
+            tree = ast.parse(f.read())
+        if path not in NOT_VENV_SCRIPTS and any(
+                isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+                for node in tree.body):
+            found.append(path)
+    return found
+
+
+def python_without_tensorflow():
+    """The system's Python (what `python3` is before `. .venv/bin/activate`), else the one .venv
+    was made from: neither has TensorFlow unless someone installed it there."""
+    for python in ("/usr/bin/python3", sys._base_executable):
+        if os.path.exists(python):
+            has = subprocess.run([python, "-c", "import importlib.util as u; "
+                                  "print(u.find_spec('tensorflow') is not None)"],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+            if has == "False":
+                return python
+    pytest.skip("every Python here has TensorFlow")
+
+
+def test_a_python_without_tensorflow_or_horovod_stops_every_script_in_one_line():
+    python = python_without_tensorflow()
+    scripts = entry_points()
+    assert {"lm_ptb.py", "lm_ptb_distributed.py", "lm_ptb_elastic.py", "lm_ptb_tf_distribute.py",
+            "evaluate.py", "scripts/benchmark.py", "scripts/results.py"} <= set(scripts), scripts
+    wrong = []
+    for script in scripts:
+        r = subprocess.run([python, script, "--help"], cwd=REPO, capture_output=True, text=True,
+                           timeout=60, env=script_env())
+        expected = (f"error: {python} has no tensorflow: start the scripts with .venv/bin/python "
+                    "(or after `. .venv/bin/activate`), which `make setup` makes\n")
+        if (r.returncode, r.stdout, r.stderr) != (2, "", expected):
+            wrong.append(f"{script}: exit {r.returncode}, stderr {r.stderr[-600:]!r}")
+    assert not wrong, "\n".join(wrong)
+    # and Horovod missing from a Python that has TensorFlow (.venv's, Horovod's import made to
+    # fail by Python's own rule for a None in sys.modules): the same line, where the trainer
+    # imports it, not a traceback
+    hide = ("import runpy, sys; sys.modules['horovod'] = None; sys.argv[0] = "
+            "'lm_ptb_distributed.py'; runpy.run_path(sys.argv[0], run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", hide, "--help"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=script_env())
+    assert (r.returncode, r.stdout) == (1, ""), r.stdout + r.stderr
+    assert r.stderr == "error: .venv has no horovod: run `make setup` again, which installs it " \
+                       "there\n", r.stderr
+
+
+# In a process of its own, without the variables the tests' conftest sets: utils and its modules
+# imported as a copier would, without the call; then what they changed.
+IMPORT_ONLY = """import json, os, sys
+hook = sys.excepthook
+import utils
+import utils.checkpoints, utils.hardware, utils.loop, utils.model, utils.train_steps
+print(json.dumps({"set": sorted(k for k in os.environ if k.startswith("TF_")),
+                  "hook_kept": sys.excepthook is hook,
+                  "keras": __import__("tensorflow").keras.__name__,
+                  "matplotlib_found": "matplotlib" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("keras, tf_keras", [("3", "keras._tf_keras.keras"), ("2", "tf_keras")])
+def test_importing_utils_selects_the_keras_and_nothing_else(keras, tf_keras):
+    env = {k: v for k, v in script_env({"PTB_KERAS": keras}).items() if not k.startswith("TF_")}
+    r = subprocess.run([sys.executable, "-c", IMPORT_ONLY], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["keras"].startswith(tf_keras), seen
+    # no oneDNN nor log level set (TF_USE_LEGACY_KERAS alone, for tf-keras), the excepthook
+    # Python's, and Keras 3's import of matplotlib (installed here, for make results) not held back
+    assert seen["set"] == (["TF_USE_LEGACY_KERAS"] if keras == "2" else []), seen
+    assert seen["hook_kept"], seen
+    assert seen["matplotlib_found"] == (keras == "3" and bool(importlib.util.find_spec(
+        "matplotlib"))), seen
