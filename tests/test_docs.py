@@ -193,3 +193,14 @@ def test_the_scripts_help_names_no_path_outside_a_clone():
                     re.finditer(r"(?<![\w.])(?:\.\./|/work/|/home/|/root/)\S*", doc)]
     assert len(scripts) > 15, scripts
     assert not outside, outside
+
+
+def test_readme_says_how_to_use_the_venv_before_its_first_python_command():
+    """Setup installs into .venv; the system's python has no TensorFlow. A newcomer typing
+    README's first `python ...` line must have read how to get .venv's before it."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    first = re.search(r"^```sh\n(?:(?!```).*\n)*?.*\bpython ", text, re.M)
+    assert first, "README shows no python command"
+    before = text[:first.start()]
+    assert ". .venv/bin/activate" in before and ".venv/bin/python" in before, before[-600:]
