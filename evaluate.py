@@ -35,9 +35,7 @@ from utils.config import DEFAULT_DATA_PATH, ConfigError
 from utils.errors import OutputError
 from utils.logs import check_writable, first_line, os_reason, parse_line
 from utils.model import build
-# After utils, which sets TensorFlow's environment (the Keras PTB_KERAS selects) before
-# TensorFlow is imported.
-import tensorflow as tf
+import tensorflow as tf  # started above by utils.import_tensorflow(), as the trainers start it
 
 
 def parse_args(argv):

@@ -168,7 +168,7 @@ ONEDNN = ("from utils import import_tensorflow; import_tensorflow(); "
 def test_onednn_is_on_without_a_setting_off_when_asked_and_its_start_up_notes_are_dropped():
     # TensorFlow's own default leaves it off on CPUs without AVX-512 VNNI (this AVX2-only EPYC)
     env = script_env()
-    env.pop("TF_ENABLE_ONEDNN_OPTS", None)  # conftest's import of utils set it in this process
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)  # conftest's set_tensorflow_defaults() set it here
     on, off = (subprocess.run([sys.executable, "-c", ONEDNN], env=e, cwd=REPO, capture_output=True,
                               text=True, timeout=120)
                for e in (env, dict(env, TF_ENABLE_ONEDNN_OPTS="0")))
