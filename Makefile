@@ -5,6 +5,8 @@
 # Offline machines: PTB_DATA_PATH=/path/to/ptb make ...   (a folder with ptb.{train,valid,test}.txt)
 # RUNS (default runs) holds the run folders; ARGS adds trainer flags (--set num_epochs=1, say);
 # TESTS narrows make test (TESTS="-m smoke": the quick-start check scripts/fresh_machine.sh runs).
+# BENCH_ARGS adds benchmark flags (--configs tests/config_tiny.py --steps 300 --rounds 1: a check
+# that every row runs, in minutes; tests/test_benchmark.py runs it).
 # TEST_WORKERS: test files run side by side in this many pytest workers (pytest-xdist; 0: in one
 # process). Most tests wait on their processes (timeouts, restarts, daemons) part of the time.
 PTB_DATA_PATH ?= data/ptb
@@ -18,6 +20,7 @@ PY := .venv/bin/python
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 RUNS ?= runs
 ARGS ?=
+BENCH_ARGS ?=
 TEST_WORKERS ?= 2
 # runs/config_small-np2; a config given as a path (tests/config_tiny.py) is named by its file
 RUN_DIR = $(RUNS)/$(notdir $(basename $(CONFIG)))-$(1)$(if $(filter bf16 fp16,$(PRECISION)),-$(PRECISION))
@@ -26,14 +29,14 @@ PRECISION_SET = $(if $(PRECISION),--set "precision='$(PRECISION)'")
 # it stopped at (before its first checkpoint, --resume starts afresh and says so).
 RESUME = $(if $(wildcard $(call RUN_DIR,$(1))/metrics.jsonl $(call RUN_DIR,$(1))/checkpoints),--resume)
 
-.PHONY: help train test setup slurm data single bench bench-against bench-quick bench-tune results netstudy compare peer reproduce reproduce-status reproduce-stop venv-tf2.15 gpu-build-check chaos
+.PHONY: help train test setup slurm data single bench bench-against bench-quick bench-tune results timing netstudy compare peer reproduce reproduce-status reproduce-stop venv-tf2.15 gpu-build-check chaos horovod-wheel horovod-wheel-check
 train: setup data  ## train CONFIG (config_small) with NP (2) Horovod workers on this host
 	mpirun $(AS_ROOT) -np $(NP) -bind-to none -map-by slot \
 	    $(PY) lm_ptb_distributed.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
 	    --output_dir $(call RUN_DIR,np$(NP)) $(call RESUME,np$(NP)) $(PRECISION_SET) $(ARGS)
 
 help:  ## this list
-	@awk -F':.*## ' '/^[a-z0-9.-]+:.*## / {printf "  make %-18s %s\n", $$1, $$2}' \
+	@awk -F':.*## ' '/^[a-z0-9.-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' \
 	    $(firstword $(MAKEFILE_LIST))
 
 single: setup data  ## train CONFIG in one process (lm_ptb.py)
@@ -46,6 +49,16 @@ test: setup data slurm  ## the whole test suite; TESTS narrows it (TESTS="-m smo
 setup:  ## Open MPI, TensorFlow and the patched Horovod into .venv (scripts/setup.sh)
 	scripts/setup.sh
 
+# The patched Horovod for another project: its wheel into WHEEL_DIR, with the lines that install
+# it; the check installs it beside TensorFlow alone in a new venv outside the repository and
+# runs a 2-rank Keras 3 model.fit there (docs/keras3.md#using-this-horovod-in-another-project).
+WHEEL_DIR ?= dist
+horovod-wheel:  ## the patched Horovod's wheel into WHEEL_DIR (dist), and how to install it
+	scripts/setup.sh --wheel-to "$(WHEEL_DIR)"
+
+horovod-wheel-check: horovod-wheel  ## that wheel beside TensorFlow alone in a new venv: a 2-rank model.fit
+	$(PY) scripts/horovod_wheel_check.py "$(WHEEL_DIR)"
+
 slurm:  ## slurm-wlm and munge, for the Slurm test (as root or with sudo)
 	scripts/setup_slurm.sh
 
@@ -53,7 +66,8 @@ data: setup  ## md5-check PTB in PTB_DATA_PATH, downloading it first if missing
 	$(PY) -m data.ptb --data_path $(PTB_DATA_PATH)
 
 bench: setup data peer  ## words/sec of each config: 1 process, 2 workers, fp32 and bf16, PyTorch beside
-	$(PY) scripts/benchmark.py --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))
+	$(PY) scripts/bench/full.py --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST)) \
+	    $(BENCH_ARGS)
 
 # TensorFlow 2.15's stack (before 2.21) in .venv-tf2.15, Horovod built and patched as for .venv:
 # the benchmark's comparison, `make bench AGAINST=.venv-tf2.15/bin/python`.
@@ -64,11 +78,12 @@ venv-tf2.15:  ## TensorFlow 2.15's stack in .venv-tf2.15, for make bench AGAINST
 # Only the rows run against another stack, in turns over 3 rounds: AGAINST is an interpreter, or
 # another checkout (another commit) with its own .venv, whose own trainers then run.
 bench-against: setup data  ## only the rows compared with AGAINST (an interpreter or a checkout)
-	$(PY) scripts/benchmark.py --against_only --against "$(AGAINST)" --data_path $(PTB_DATA_PATH) \
-	    --out runs/bench-against.json
+	$(PY) scripts/bench/against.py --against "$(AGAINST)" --data_path $(PTB_DATA_PATH) \
+	    --out runs/bench-against.json $(BENCH_ARGS)
 
 bench-quick: setup data peer  ## a shorter make bench
-	$(PY) scripts/benchmark.py --quick --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST))
+	$(PY) scripts/bench/full.py --quick --data_path $(PTB_DATA_PATH) $(if $(AGAINST),--against $(AGAINST)) \
+	    $(BENCH_ARGS)
 
 # PyTorch for the benchmark's peer rows, in a venv of its own made by the Python that setup
 # chose for .venv (any of 3.10-3.13); if it cannot be installed, the benchmark says so in one
@@ -81,9 +96,11 @@ peer: setup  ## PyTorch CPU in .venv-peer, the benchmark's peer
 	    echo "peer: PyTorch not installed into .venv-peer; the benchmark leaves out its rows")
 
 # Horovod's settings for 2 ranks on this host, one config: make bench-tune CONFIG=config_large
+# (a config given as a path, tests/config_tiny.py, is named by its file: bench-tune-tiny.json)
+BENCH_TUNE_NAME = $(patsubst config_%,%,$(notdir $(basename $(CONFIG))))
 bench-tune: setup data  ## Horovod's settings for 2 ranks on this host, for CONFIG
-	$(PY) scripts/benchmark.py --tune $(patsubst config_%,%,$(CONFIG)) --data_path $(PTB_DATA_PATH) \
-	    --out runs/bench-tune-$(patsubst config_%,%,$(CONFIG)).json
+	$(PY) scripts/bench/tune.py --config $(CONFIG) --data_path $(PTB_DATA_PATH) \
+	    --out runs/bench-tune-$(BENCH_TUNE_NAME).json $(BENCH_ARGS)
 
 # A results row of many hours (medium: 39 epochs), in the background; run again to continue it
 # from its last checkpoint after a stop. reproduce-status: epoch reached, ETA, logs to results/.
@@ -111,7 +128,16 @@ reproduce-stop:  ## stop it after the current step, keeping the newest checkpoin
 	    --runs_dir $(REPRODUCE_RUNS)
 
 results: setup  ## rebuild README's results table and results/README.md from results/
-	$(PY) scripts/results.py build
+	$(PY) scripts/results/build.py
+
+# Each config's time per epoch in one process against 2 workers, bounded runs in turns over 3
+# rounds (about 25 min on 2 cores), kept in $(RESULTS); on an idle machine only (it refuses
+# another; TIMING_ARGS='--force "what runs"' marks the figures as shared). TIMING_ARGS: --configs,
+# --rounds, --steps (docs/performance.md). Then `make results` puts them in README's table.
+TIMING_ARGS ?=
+timing: setup data  ## time/epoch of 1 process and of 2 workers in turns, on an idle machine
+	$(PY) scripts/results/timing.py --data_path $(PTB_DATA_PATH) --results $(abspath $(RESULTS)) \
+	    $(TIMING_ARGS)
 
 netstudy: setup data  ## what a slower network costs 2 workers (docs/network.md)
 	$(PY) scripts/netstudy.py --data_path $(PTB_DATA_PATH)

@@ -32,8 +32,8 @@ from utils.checkpoints import (DATA_PATH_FILE, EPOCHS_KEY, IN_EPOCH_STEP_KEY, RU
                                UNREADABLE, VOCAB_FILE, newest_first, refuse_other_keras,
                                warn_damaged)
 from utils.config import DEFAULT_DATA_PATH, ConfigError
-from utils.errors import OutputError
-from utils.logs import check_writable, first_line, os_reason, parse_line
+from utils.errors import OutputError, first_line, os_reason
+from utils.logs import check_writable, parse_line
 from utils.model import build
 import tensorflow as tf  # started above by utils.import_tensorflow(), as the trainers start it
 
@@ -68,6 +68,8 @@ def parse_args(argv):
                        help="the matmuls' precision (default: the run's; its fp32 weights load "
                             "into either)")
     args = p.parse_args(argv)
+    cli.refuse_empty_paths(args, ("run", "data_path", "export_dir"),
+                           required=("run", "export_dir"))
     for flag, least in (("eval_steps", 1), ("batch_size", 1), ("num_steps", 1), ("length", 0)):
         value = getattr(args, flag, None)
         if value is not None and value < least:
@@ -156,19 +158,39 @@ def corpus_path(run_dir, given):
     """The PTB folder to read: --data_path, else the one the run trained on, else the default
     ($PTB_DATA_PATH or data/ptb); the first that holds the three files."""
     if given:
+        missing = ptb.missing_files(given)
+        if missing:  # --data_path is only read here: nothing is downloaded into it
+            what = ("a file, not a folder" if os.path.isfile(given) else
+                    "no folder" if not os.path.exists(given) else
+                    f"a folder without {', '.join(missing)}")
+            raise ConfigError(f"--data_path {given} is {what}; pass the folder of "
+                              f"{', '.join(ptb.FILES)} the run trained on")
         return given
     recorded = os.path.join(run_dir, DATA_PATH_FILE)
     candidates = [(DEFAULT_DATA_PATH, "PTB_DATA_PATH" if os.environ.get("PTB_DATA_PATH")
                    else "the default")]
     if os.path.exists(recorded):
-        with open(recorded, encoding="utf-8") as f:
-            candidates.insert(0, (f.read().strip(), f"the run's {DATA_PATH_FILE}"))
+        candidates.insert(0, (read_recorded_path(recorded), f"the run's {DATA_PATH_FILE}"))
     for path, _ in candidates:
         if not ptb.missing_files(path):
             return path
     tried = ", ".join(f"{path} ({origin})" for path, origin in candidates)
     raise ConfigError(f"no PTB files in {tried}; pass --data_path, the folder of "
                       f"{', '.join(ptb.FILES)}")
+
+
+def read_recorded_path(path):
+    """The corpus folder a run's DATA_PATH_FILE names; one line if it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as e:
+        why = e.strerror or str(e)
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 text, bad byte at offset {e.start}"
+    raise ptb.DataError(f"cannot read {path}, the run's record of its data folder ({why}); make "
+                        "it readable, or pass --data_path, the folder of "
+                        f"{', '.join(ptb.FILES)}")
 
 
 def run_vocab(run_dir, corpus=None, data_path=None):

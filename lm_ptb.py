@@ -17,12 +17,13 @@ from data import ptb
 from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints
 from utils.model import build
-from utils.optimizers import make_optimizer
+from utils.optimizers import create_slots, make_optimizer
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
 
 
 def main(argv=None):
     args = cli.parse_args(argv, __doc__)
+    cli.report_stops(output_dir=args.output_dir)  # a stop's line names its newest checkpoint
     cfg = config.load_config(args.config, args.set)
     hardware.set_threads(args.threads or hardware.available_cores())
     is_chief = True
@@ -46,6 +47,9 @@ def main(argv=None):
     train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                  args.seed)
     eval_step = make_eval_step(model)
+    # The optimizer's state (step counter, slots) made now, not at its first step: a distributed
+    # run's broadcast from rank 0 (Horovod 4) sends only the state that exists
+    create_slots(optimizer, model.trainable_variables)
     checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     if position.finished:  # --resume of a run that has trained and tested every epoch

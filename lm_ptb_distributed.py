@@ -26,7 +26,7 @@ from data import ptb
 from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints
 from utils.model import build
-from utils.optimizers import make_optimizer, optimizer_variables  # Horovod 4
+from utils.optimizers import create_slots, make_optimizer, optimizer_variables  # Horovod 4
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
 import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects the Keras: Horovod 3)
 import tensorflow as tf  # Horovod 2
@@ -35,6 +35,7 @@ import horovod_steps as steps  # Horovod 2-10: the hardening, shared with lm_ptb
 
 def main(argv=None):
     args = cli.parse_args(argv, __doc__)
+    cli.report_stops(output_dir=args.output_dir)  # a stop's line names its newest checkpoint
     cfg = config.load_config(args.config, args.set)
     steps.set_horovod_env(cfg)  # Horovod 2, 9: read once, by hvd.init()
     hvd.init()  # Horovod 1: start the ranks' background communication
@@ -70,6 +71,9 @@ def main(argv=None):
     train_step = make_train_step(model, optimizer, cfg["backward_passes_per_step"],
                                  args.seed, hvd.rank())  # Horovod 4: each rank its own masks
     eval_step = make_eval_step(model)
+    # The optimizer's state (step counter, slots) made now, not at its first step: a distributed
+    # run's broadcast from rank 0 (Horovod 4) sends only the state that exists
+    create_slots(optimizer, model.trainable_variables)
     checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     position = hvd.broadcast_object(position, root_rank=0)  # Horovod 4: rank 0's position,

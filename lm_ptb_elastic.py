@@ -22,7 +22,7 @@ from data import ptb
 from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints, Position
 from utils.model import build
-from utils.optimizers import make_optimizer
+from utils.optimizers import create_slots, make_optimizer
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
 import horovod.tensorflow as hvd  # Horovod 1-10, after utils (which selects the Keras: Horovod 3)
 import tensorflow as tf  # Horovod 2
@@ -75,6 +75,7 @@ def watchdog_through_resets(watchdog):
 
 def main(argv=None):
     args = cli.parse_args(argv, __doc__)
+    cli.report_stops(output_dir=args.output_dir)  # a stop's line names its newest checkpoint
     cfg = config.load_config(args.config, args.set)
     cfg["checkpoint_every"] = cfg["checkpoint_every"] or COMMIT_EVERY  # Elastic 5: as logged
     config.check_together(cfg)  # Elastic 5: commits inside epochs, so no reduce_type 'param'
@@ -111,6 +112,9 @@ def main(argv=None):
     if cfg["reduce_type"] == "grad":  # Horovod 3: average the gradients, then clip
         optimizer = hvd.DistributedOptimizer(optimizer, **steps.allreduce_options(cfg))  # Horovod 3
     eval_step = make_eval_step(model)
+    # The optimizer's state (step counter, slots) made now, not at its first step: a distributed
+    # run's broadcast from rank 0 (Horovod 4) sends only the state that exists
+    create_slots(optimizer, model.trainable_variables)
     checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     # Elastic 2: only rank 0 reads the checkpoint; the state's first sync hands it to the others
     position = checkpoints.start(args.resume, args.change_config) if is_chief else Position(0)

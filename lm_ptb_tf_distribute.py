@@ -26,9 +26,9 @@ from data import ptb
 from utils import cli, config, hardware, logs, loop, schedule
 from utils.checkpoints import Checkpoints, Position
 from utils.errors import TrainingError
-from utils.logs import kept_text
+from utils.pointers import kept_text
 from utils.model import build
-from utils.optimizers import KERAS3, make_optimizer, optimizer_variables
+from utils.optimizers import KERAS3, create_slots, make_optimizer, optimizer_variables
 from utils.train_steps import make_eval_step, make_train_step, seed_everything
 from utils.watchdog import Watchdog, chief_wait_s, guard_blocking_call
 import tensorflow as tf
@@ -246,6 +246,7 @@ def wait_for_chief(collectives, watchdog, is_chief, stats, train_x, eval_x):
 
 def main(argv=None):
     args = cli.parse_args(argv, __doc__)
+    cli.report_stops(output_dir=args.output_dir)  # a stop's line names its newest checkpoint
     cfg = config.load_config(args.config, args.set)
     config.refuse_horovod_only(cfg, "tf.distribute")  # tf.distribute 7: none would act
     refuse_fp16(cfg)  # tf.distribute 3: its optimizer sums before the clip, not yet in fp16
@@ -289,6 +290,9 @@ def main(argv=None):
                                  replicas=workers)  # tf.distribute 3: summed, so / N
     train_step = distributed(strategy, train_step)  # tf.distribute 3
     eval_step = make_eval_step(model)
+    # The optimizer's state (step counter, slots) made now, not at its first step: a distributed
+    # run's broadcast from rank 0 (Horovod 4) sends only the state that exists
+    create_slots(optimizer, model.trainable_variables)
     checkpoints = Checkpoints(args.output_dir, model, optimizer, corpus, cfg, args.seed)
     position = checkpoints.start(args.resume, args.change_config) if is_chief else None
     if workers > 1:  # tf.distribute 4: resume together
@@ -340,7 +344,7 @@ def main(argv=None):
         raise TrainingError(
             f"worker {index}: a collective with the other workers failed ({type(e).__name__}), "
             "so another worker stopped or cannot be reached (its own output says why); "
-            f"{kept_text()}") from None
+            f"{kept_text(args.output_dir)}") from None
     watchdog.stop()  # tf.distribute 9
 
 if __name__ == "__main__":

@@ -42,8 +42,13 @@ def ensure_data(data_path, url=None, timeout=30, retries=3, backoff=2.0, md5=MD5
 
     `url` defaults to $PTB_URL (a mirror) or the canonical address.
     """
-    if not missing_files(data_path):
+    missing = missing_files(data_path)
+    if not missing:
         return
+    if os.path.exists(data_path) and not os.path.isdir(data_path):
+        raise DataError(f"--data_path {data_path} is a file, not a folder; point --data_path / "
+                        f"PTB_DATA_PATH at the folder of {', '.join(FILES)}")
+    _refuse_replacing_files_of_ones_own(data_path, missing, md5)
     url = url or os.environ.get("PTB_URL") or URL
     how_to = (f"place {', '.join(FILES)} in {data_path} by hand (from {ARCHIVE_DIR} in the "
               f"archive), or point --data_path / PTB_DATA_PATH at a copy")
@@ -60,6 +65,17 @@ def ensure_data(data_path, url=None, timeout=30, retries=3, backoff=2.0, md5=MD5
         raise DataError(f"cannot write the download in data folder {data_path} "
                         f"({e.strerror or e}); nothing was kept; free space or make the folder "
                         f"writable, or {how_to}") from None
+
+
+def _refuse_replacing_files_of_ones_own(data_path, missing, md5):
+    """The download writes all three files: where the folder already holds some that are not
+    PTB's (a corpus of one's own, a file short), it would replace them, so it is refused."""
+    own = [f for f in FILES if f not in missing and md5_of(os.path.join(data_path, f)) != md5[f]]
+    if own:
+        raise DataError(f"{data_path} holds {', '.join(own)}, not PTB's, but not "
+                        f"{', '.join(missing)}; a download of PTB would replace them, so none "
+                        f"is made: add {', '.join(missing)} for a corpus of your own, or point "
+                        "--data_path / PTB_DATA_PATH at an empty folder for PTB")
 
 
 def _fetch(url, out, timeout, retries, backoff, how_to):

@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from data import ptb  # noqa: E402  (numpy only)
-from utils import cli  # noqa: E402  (no TensorFlow)
+from utils import cli, config  # noqa: E402  (no TensorFlow)
 
 
 class PTBModel(torch.nn.Module):

@@ -66,8 +66,16 @@ def record():
         "keras": keras_version(tf),
         "horovod": horovod.__version__,
         "mpirun": first_line(["mpirun", "--version"]),
-        "commit": first_line(["git", "rev-parse", "--short", "HEAD"]),
+        "commit": commit(),
     }
+
+
+def commit(repo=REPO):
+    """HEAD's short hash, with " and changes" when a tracked file differs from it: a run from
+    an edited tree is not the commit's run."""
+    head = first_line(["git", "-C", repo, "rev-parse", "--short", "HEAD"])
+    changed = first_line(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"])
+    return f"{head} and changes" if head and changed else head
 
 
 def main():

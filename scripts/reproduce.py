@@ -39,7 +39,7 @@ import utils  # noqa: E402
 utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
 from data.ptb import DataError, check_shardable  # noqa: E402
 from scripts.record_env import cpu_model, record  # noqa: E402
-from scripts.results import epoch_time, newest_config  # noqa: E402
+from scripts.results.common import epoch_time, newest_config  # noqa: E402
 from utils import KERNEL_DEFAULTS, cli, config  # noqa: E402
 
 DEFAULT_RUNS_DIR = os.path.join(REPO, "runs", "reproduce")  # the Makefile's RUNS ?= runs

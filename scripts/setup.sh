@@ -9,6 +9,8 @@
 #      against that TensorFlow with MPI and Gloo, without debug information
 #      (scripts/horovod-build.cmake); built again when the patches change, the wheel
 #      kept in ~/.cache/ptb-horovod by all it was built from (HOROVOD_WHEELS= to not keep it)
+# --wheel-to DIR (make horovod-wheel): then also copies that wheel into DIR and prints how another
+# project installs it (docs/keras3.md#using-this-horovod-in-another-project).
 # GPU hosts: GPU=1 scripts/setup.sh installs tensorflow[and-cuda] and builds Horovod with NCCL
 # (the system's, else the nvidia-nccl-cu12 wheel's); it first checks for a CUDA 12 nvcc and
 # stops, changing nothing, without one (docs/gpu.md; make gpu-build-check proves it here).
@@ -22,6 +24,23 @@ GPU=${GPU:-0}
 VENV=${VENV:-.venv}  # another folder for another stack (make venv-tf2.15)
 REQUIREMENTS=${REQUIREMENTS:-requirements.txt}
 NO_DEPS_REQUIREMENTS=${NO_DEPS_REQUIREMENTS-requirements-no-deps.txt}
+
+WHEEL_TO=""
+if [ $# -gt 0 ]; then
+    if [ "$1" != --wheel-to ] || [ $# -ne 2 ] || [ -z "$2" ]; then
+        echo "error: setup.sh takes no arguments but --wheel-to DIR (the folder to copy the" \
+             "Horovod wheel into: make horovod-wheel WHEEL_DIR=DIR)" >&2
+        exit 1
+    fi
+    WHEEL_TO=$2
+    # refused before anything is installed or built: a folder that cannot take the wheel
+    if ! out=$( { mkdir -p "$WHEEL_TO" && touch "$WHEEL_TO/.horovod-wheel-probe" &&
+                  rm "$WHEEL_TO/.horovod-wheel-probe"; } 2>&1); then
+        echo "error: cannot write the Horovod wheel into $WHEEL_TO (${out##*: }); name a folder" \
+             "you can write: make horovod-wheel WHEEL_DIR=DIR" >&2
+        exit 1
+    fi
+fi
 
 if [ "$GPU" = 1 ]; then
     # Horovod's CMake needs the CUDA compiler and headers, which the pip CUDA wheels lack.
@@ -221,7 +240,9 @@ patched_horovod_source() {
 # notes, which a fresh machine's setup printed twice here once the trainers turned oneDNN on.
 check_horovod="import sys, utils; tf = utils.import_tensorflow(); import horovod.tensorflow as h; \
 assert $built; \
-print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, Keras {tf.keras.__name__.split(\".\")[0]}, ' \
+keras = 'Keras ' + tf.keras.__version__ if hasattr(tf.keras, '__version__') else \
+    'tf-keras ' + __import__('tf_keras').__version__; \
+print(f'setup: ok (Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, {keras}, ' \
       f'Horovod MPI={h.mpi_built()} Gloo={h.gloo_built()} NCCL={bool(h.nccl_built())})')"
 # The patches and build settings Horovod was built with, recorded beside it: a checkout with
 # others (a new patch, say) rebuilds it, where the import check alone would keep the old build.
@@ -256,10 +277,14 @@ HOROVOD_BUILD_WARNINGS+=",ignore:License classifiers are deprecated:Warning"
 # The wheel, built once per key and kept outside the venv (HOROVOD_WHEELS, empty: not kept),
 # so a new clone or venv on this machine installs it in seconds instead of building it again.
 HOROVOD_WHEELS=${HOROVOD_WHEELS-${XDG_CACHE_HOME:-$HOME/.cache}/ptb-horovod}
-install_horovod() {
-    local wheels=$HOROVOD_WHEELS key
+wheels="" wheel=""
+# Sets wheel, the path of this venv's patched wheel (in wheels/<key>), building it if not there.
+find_horovod_wheel() {
+    local key
+    [ -z "$wheel" ] || return 0  # found (or built) before in this run
+    wheels=$HOROVOD_WHEELS
     if [ -z "$wheels" ] || ! mkdir -p "$wheels" 2>/dev/null; then
-        wheels="$VENV/horovod-wheel"  # not kept: built in the venv, removed once installed
+        wheels="$VENV/horovod-wheel"  # not kept: built in the venv, removed at the end
         rm -rf "$wheels" && mkdir "$wheels"
     fi
     key=$(horovod_build_key)
@@ -268,8 +293,12 @@ install_horovod() {
     else
         build_horovod_wheel "$wheels/$key"
     fi
-    "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$wheels/$key"/horovod-*.whl
-    [ "$wheels" = "$HOROVOD_WHEELS" ] || rm -rf "$wheels"
+    wheel=$(ls "$wheels/$key"/horovod-*.whl)
+}
+
+install_horovod() {
+    find_horovod_wheel
+    "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
     echo "$build_recipe" >"$built_with"
 }
 
@@ -303,3 +332,29 @@ if [ "$(cat "$built_with" 2>/dev/null)" != "$build_recipe" ] \
         exit 1
     }
 fi
+
+# The wheel for another project (--wheel-to), and what it takes there: the TensorFlow it was
+# built against (its own record, horovod/metadata.json), the Python of its tag, Open MPI.
+copy_horovod_wheel() {
+    local copy=$WHEEL_TO/${wheel##*/} tf python tf_install
+    cp "$wheel" "$copy"
+    copy=$(cd "$(dirname "$copy")" && pwd)/${copy##*/}
+    tf=$("$VENV/bin/python" -c 'import json, sys, zipfile
+print(json.loads(zipfile.ZipFile(sys.argv[1]).read("horovod/metadata.json"))["tensorflow"])' "$copy")
+    python=$(sed -n 's/.*-cp\([0-9]\)\([0-9]*\)-.*/\1.\2/p' <<<"${copy##*/}")
+    tf_install="tensorflow-cpu==$tf"
+    [ "$GPU" = 1 ] && tf_install="\"tensorflow[and-cuda]==$tf\""
+    echo "horovod-wheel: $copy"
+    echo "  Horovod $HOROVOD_VERSION with this repository's patches, built for Python $python against" \
+         "TensorFlow $tf$([ "$GPU" = 1 ] && echo " with NCCL"): it works with that TensorFlow alone"
+    echo "  needs on the machine: Open MPI's runtime as here ($(mpirun --version 2>&1 | sed -n '1{s/^mpirun (\(.*\)) /\1 /;p}');" \
+         "Debian: openmpi-bin); in a Python $python venv of the other project:"
+    echo "    pip install $tf_install"
+    echo "    pip install $copy"
+}
+
+if [ -n "$WHEEL_TO" ]; then
+    find_horovod_wheel
+    copy_horovod_wheel
+fi
+[ -z "$wheels" ] || [ "$wheels" = "$HOROVOD_WHEELS" ] || rm -rf "$wheels"

@@ -19,9 +19,12 @@ STEPS = ROWS // BATCH  # batches an epoch
 # variables from the start; a subclassed model has them once called on a batch ("subclassed"
 # on every rank, "subclassed_on_rank_0" on rank 0 alone, as after a restore there), never
 # ("subclassed_unbuilt"), or after model.build(input_shape) ("subclassed_build_shape", which
-# on Keras 3 marks the model built and leaves its Dense layer without variables).
+# on Keras 3 marks the model built and leaves its Dense layer without variables); called on
+# every rank, with a second Dense layer its call never uses ("subclassed_unused_layer") or uses
+# in training alone, times 0 ("subclassed_training_layer": built in the first step, its
+# weights 1 on rank 0 and 2 on rank 1, and its gradient 0, so they stay where they start).
 MODELS = ("functional", "subclassed", "subclassed_on_rank_0", "subclassed_unbuilt",
-          "subclassed_build_shape")
+          "subclassed_build_shape", "subclassed_unused_layer", "subclassed_training_layer")
 
 
 def rows():
@@ -50,7 +53,7 @@ def main():
     keras = tf.keras
     import horovod.tensorflow.keras as hvd
     from utils.optimizers import KERAS3
-    from keras3_probe import report  # tests/, the script's own folder
+    from keras3_probe import broadcast_with_local_variables, report  # tests/, beside it
     optimizers = keras.optimizers if KERAS3 else keras.optimizers.legacy
     hvd.init()
     saved = os.environ["SAVE_TO"]
@@ -67,7 +70,8 @@ def main():
     out["mixed_float16"] = {wrap: warmup_warnings_under_mixed_float16(wrap)
                             for wrap in (("inner", "outer") if KERAS3 else ("inner",))}
     if KERAS3:  # horovod.keras is the keras package's: Keras 3 whatever PTB_KERAS says
-        out["horovod_keras_local"] = horovod_keras_broadcast_with_local_variables()
+        import horovod.keras as hvd_keras
+        out["horovod_keras_local"] = broadcast_with_local_variables(hvd_keras)
     report(out)
     return 0
 
@@ -92,11 +96,19 @@ def model_of(kind, rank, x):
         def __init__(self):
             super().__init__()
             self.dense = dense(rank)
+            if kind in ("subclassed_unused_layer", "subclassed_training_layer"):
+                self.extra = keras.layers.Dense(
+                    1, kernel_initializer=constant(np.full((3, 1), rank + 1.0, "float32")),
+                    bias_initializer=constant(np.full((1,), rank + 1.0, "float32")))
 
-        def call(self, inputs):
-            return self.dense(inputs)
+        def call(self, inputs, training=None):
+            out = self.dense(inputs)
+            if training and kind == "subclassed_training_layer":
+                out = out + 0.0 * self.extra(inputs)
+            return out
     model = Regressor()
-    if kind == "subclassed" or (kind == "subclassed_on_rank_0" and rank == 0):
+    if kind in ("subclassed", "subclassed_unused_layer", "subclassed_training_layer") or (
+            kind == "subclassed_on_rank_0" and rank == 0):
         model(x[:1])
     elif kind == "subclassed_build_shape":
         model.build((None, 3))
@@ -236,29 +248,6 @@ def warmup_warnings_under_mixed_float16(wrap):
         return {"optimizer": type(model.optimizer).__name__, "warnings": said}
     finally:
         keras.mixed_precision.set_global_policy(policy)
-
-
-def horovod_keras_broadcast_with_local_variables():
-    """horovod.keras's broadcast callback (the keras package's, Keras 3 here) with the first
-    layer's variables local: every weight frozen at its rank's number, root rank 1; its values
-    reach rank 0 but for the local layer's."""
-    import keras as keras_package
-    import horovod.keras as hvd_keras
-    start = keras_package.initializers.Constant(float(hvd.rank()))
-    model = keras_package.Sequential([
-        keras_package.Input((2,)),
-        keras_package.layers.Dense(2, kernel_initializer=start, bias_initializer=start,
-                                   trainable=False),
-        keras_package.layers.Dense(1, kernel_initializer=start, bias_initializer=start,
-                                   trainable=False)])
-    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras_package.optimizers.SGD(LR)),
-                  loss="mse")
-    callback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(
-        root_rank=1, local_variables=list(model.layers[0].variables))
-    model.fit(np.ones((2, 2), "float32"), np.ones((2, 1), "float32"), verbose=0,
-              callbacks=[callback])
-    return [sorted({float(v) for w in layer.get_weights() for v in np.ravel(w)})
-            for layer in model.layers]
 
 
 if __name__ == "__main__":

@@ -1,71 +1,157 @@
-"""Run by test_keras3.py, alone or under mpirun: model.fit of a linear regression under Keras 3's
-mixed_float16 policy with Horovod's optimizer, where one row of one batch overflows float16 (its
-rank alone sees it when 2 ranks split the batch). One process on the whole batch skips that step
-and halves its loss scale; N ranks must do the same, together. WRAP=inner (default): compile()
-wraps Horovod's optimizer in a LossScaleOptimizer; WRAP=outer: Horovod's wraps one given to
-compile(). RELOAD=path: rank 0 saves the model after epoch 1, and every rank goes on from
-hvd.load_model of it, its loss scale and steps included. Writes one JSON file per rank
-($PROBE_OUT): the weights, the loss scale, the steps taken and skipped; after fit, one more
-allreduce, which pairs with another rank's only if every rank ran the same collectives in fit."""
+"""Run by test_keras3.py under mpirun: model.fit of a linear regression under the mixed_float16
+policy with Horovod's optimizer, on the Keras PTB_KERAS selects (Keras 3; PTB_KERAS=2 tf-keras,
+its legacy and its new optimizers), where one row of one batch overflows float16 in each epoch
+(its rank alone sees it when 2 ranks split the batch). One process on the whole batch skips
+that step and halves its loss scale; the ranks must do the same, together.
+
+Cases: inner, compile() wraps Horovod's optimizer in a LossScaleOptimizer; outer, Horovod's
+wraps a LossScaleOptimizer given to compile(); each with a functional and a subclassed model;
+reload, rank 0 saves the model after epoch 1 and every rank goes on from hvd.load_model of it,
+its loss scale and steps included; resume, the same but rank 0 alone loads it and the others
+go on from a fresh model compiled as in inner (Horovod's resume pattern), the broadcast
+callback bringing them rank 0's weights, loss scale and steps; resume_outer, the others' model
+compiled as in outer. Every model starts at 0, so all start alike. The one process
+is plain Keras (no Horovod) on every rank, before the ranks train. Writes one JSON file per
+rank ($PROBE_OUT): for each case the weights, the loss scale, the steps counted, which optimizer
+is Horovod's, and after fit one more allreduce, which pairs with another rank's only if every
+rank ran the same collectives in fit."""
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import utils  # noqa: E402  first: the Keras PTB_KERAS selects (this probe: Keras 3)
+import utils  # noqa: E402  first: the Keras PTB_KERAS selects
 tf = utils.import_tensorflow()  # as the trainers start it, before Horovod imports it
 import numpy as np  # noqa: E402
+import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
-from keras3_probe import report  # noqa: E402 -- tests/, the script's own folder
+from keras3_probe import KERAS3, Linear, keras_name, optimizer_modules, report  # noqa: E402 -- tests/
 
 keras = tf.keras
 BATCH, ROWS, OVERFLOW_BATCH = 8, 32, 2
 
 
-def main():
-    hvd.init()
-    n, rank = hvd.size(), hvd.rank()
-    keras.mixed_precision.set_global_policy("mixed_float16")
+def model_of(kind):
+    """A linear regression of 3 features started at 0 (kernel and bias), built."""
+    if kind == "subclassed":
+        model = Linear()
+        model(tf.zeros((1, 3)))
+        return model
+    x = keras.Input((3,))
+    return keras.Model(x, keras.layers.Dense(1, kernel_initializer="zeros")(x))
+
+
+def data(n, rank):
+    """This rank's rows of each global batch of 8, the last row of batch 2 overflowing float16
+    (max 65504) in the forward pass: with 2 ranks it is rank 1's alone. Small targets, a model
+    started at 0: no gradient of an ordinary row comes near float16's limit at the default
+    scale (32768), so the planted row's step is the only one skipped in each epoch."""
     rng = np.random.RandomState(0)
     x = rng.randn(ROWS, 3).astype("float32")
-    # small targets, a model started at 0: no gradient of an ordinary row comes near float16's
-    # limit at the default scale (32768), so the planted row's step is the only one skipped
     y = 0.01 * (x @ np.array([[1.0], [-2.0], [0.5]], "float32") + 0.3)
-    # the last row of batch 2 overflows float16 (max 65504) in the forward pass; with 2 ranks
-    # it is rank 1's alone
     x[OVERFLOW_BATCH * BATCH + BATCH - 1] = 1e6
-    xs = x.reshape(ROWS // BATCH, n, BATCH // n, 3)[:, rank].reshape(-1, 3)
-    ys = y.reshape(ROWS // BATCH, n, BATCH // n, 1)[:, rank].reshape(-1, 1)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.layers.Input((3,)),
-                              keras.layers.Dense(1, kernel_initializer="zeros")])
-    sgd = keras.optimizers.SGD(learning_rate=0.05)
-    if os.environ.get("WRAP") == "outer":
-        optimizer = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd))
+    return (x.reshape(ROWS // BATCH, n, BATCH // n, 3)[:, rank].reshape(-1, 3),
+            y.reshape(ROWS // BATCH, n, BATCH // n, 1)[:, rank].reshape(-1, 1))
+
+
+def outcome(model, after):
+    scaling = model.optimizer
+    inner = getattr(scaling, "inner_optimizer", None)
+    return {"wrapped": type(scaling).__name__,
+            # Horovod's class: the LossScaleOptimizer itself, or the optimizer inside it
+            "horovods": ("outer" if is_horovods(scaling) else
+                         "inner" if is_horovods(inner) else None),
+            "weights": [float(w) for w in np.concatenate([w.ravel()
+                                                          for w in model.get_weights()])],
+            "scale": float((scaling.dynamic_scale if KERAS3 else scaling.loss_scale).numpy()),
+            "iterations": int(scaling.iterations.numpy()), "after": after}
+
+
+def is_horovods(optimizer):
+    return hasattr(optimizer, "_hvd_allreduce") or hasattr(optimizer, "_allreduce_grads")
+
+
+def one_process(module):
+    """Plain Keras on the whole batch: compile() wraps the SGD in a LossScaleOptimizer."""
+    model = model_of("functional")
+    model.compile(optimizer=module.SGD(learning_rate=0.05), loss="mse")
+    model.fit(*data(1, 0), batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return outcome(model, None)
+
+
+def compiled(kind, module, wrap):
+    model = model_of(kind)
+    sgd = module.SGD(learning_rate=0.05)
+    if wrap == "outer":
+        optimizer = hvd.DistributedOptimizer(keras.mixed_precision.LossScaleOptimizer(sgd))
     else:
         optimizer = hvd.DistributedOptimizer(sgd)
     model.compile(optimizer=optimizer, loss="mse")
-    fit = dict(batch_size=BATCH // n, shuffle=False, verbose=0,
-               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    if os.environ.get("RELOAD"):  # epoch 1, saved by rank 0, loaded by all, then epoch 2
-        model.fit(xs, ys, epochs=1, **fit)
+    return model
+
+
+def ranks(kind, module, wrap, reload_to=None, load_on_every_rank=True, others_wrap=None):
+    n, rank = hvd.size(), hvd.rank()
+    model = compiled(kind, module, wrap)
+    fit = dict(batch_size=BATCH // n, shuffle=False, verbose=0)
+    broadcast = lambda: [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]  # noqa: E731 one a fit
+    if reload_to:  # epoch 1, saved by rank 0, loaded by all (or rank 0 alone), then epoch 2
+        model.fit(*data(n, rank), epochs=1, callbacks=broadcast(), **fit)
         if rank == 0:
-            model.save(os.environ["RELOAD"])
-        hvd.allreduce(tf.constant(0.0), name="saved")  # no rank loads before the save
-        model = hvd.load_model(os.environ["RELOAD"])
-        model.fit(xs, ys, epochs=1, **fit)
+            model.save(reload_to)
+        hvd.allreduce(tf.constant(0.0), name=f"saved_{kind}")  # no rank loads before the save
+        if rank == 0 or load_on_every_rank:
+            model = hvd.load_model(reload_to)
+        else:
+            model = compiled(kind, module, others_wrap or wrap)
+        model.fit(*data(n, rank), epochs=1, callbacks=broadcast(), **fit)
     else:
-        model.fit(xs, ys, epochs=2, **fit)
-    scaling = model.optimizer
-    after = hvd.allreduce(tf.constant(float(rank)), op=hvd.Sum, name="after_fit")
-    report({"rank": rank, "wrapped": type(scaling).__name__,
-            # Horovod's class: the LossScaleOptimizer itself, or the optimizer inside it
-            "horovods": ("outer" if hasattr(scaling, "_hvd_allreduce") else
-                         "inner" if hasattr(scaling.inner_optimizer, "_hvd_allreduce") else None),
-            "weights": [float(w) for w in np.concatenate([w.ravel()
-                                                          for w in model.get_weights()])],
-            "scale": float(scaling.dynamic_scale.numpy()),
-            "iterations": int(scaling.iterations.numpy()),
-            "after": float(after)})
+        model.fit(*data(n, rank), epochs=2, callbacks=broadcast(), **fit)
+    after = hvd.allreduce(tf.constant(float(rank)), op=hvd.Sum, name=f"after_{kind}_{wrap}")
+    return outcome(model, float(after))
+
+
+def cases():
+    """{name: (model, optimizer module, wrap)}: on Keras 3 each model wrapped either way; on
+    tf-keras each model and each wrapping once with each of its two kinds of optimizer."""
+    modules = optimizer_modules()
+    if KERAS3:
+        module = modules["keras3"]
+        return {f"{wrap}-{kind}": (kind, module, wrap)
+                for wrap in ("inner", "outer") for kind in ("functional", "subclassed")}
+    return {"inner-functional": ("functional", modules["legacy"], "inner"),
+            "inner-subclassed": ("subclassed", modules["new"], "inner"),
+            "outer-functional": ("functional", modules["new"], "outer"),
+            "outer-subclassed": ("subclassed", modules["legacy"], "outer")}
+
+
+def reload_cases():
+    """hvd.load_model of a model saved after epoch 1, on Keras 3, each model (.keras files). Not
+    on tf-keras: its .keras file keeps no LossScaleOptimizer's loss scale (keras.models.load_model
+    itself starts it again at 32768), and hvd.load_model of its HDF5 file fails (docs/keras3.md)."""
+    if not KERAS3:
+        return {}
+    return {f"{how}-{kind}": (kind, optimizer_modules()["keras3"], "keras", how)
+            for how in ("reload", "resume", "resume_outer")
+            for kind in ("functional", "subclassed")}
+
+
+def main():
+    hvd.init()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    out = {"rank": hvd.rank(), "keras": keras_name(),
+           "one": {kind: one_process(module) for kind, module in optimizer_modules().items()}}
+    for name, (kind, module, wrap) in cases().items():
+        out[name] = ranks(kind, module, wrap)
+    folder = hvd_tf.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, 0)
+    for name, (kind, module, suffix, how) in reload_cases().items():
+        out[name] = ranks(kind, module, "inner", reload_to=os.path.join(folder, f"{name}.{suffix}"),
+                          load_on_every_rank=how == "reload",
+                          others_wrap="outer" if how == "resume_outer" else None)
+    if hvd.rank() == 0:  # every rank has loaded (the allreduce after its fit paired)
+        shutil.rmtree(folder)
+    report(out)
     return 0
 
 

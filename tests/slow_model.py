@@ -1,9 +1,8 @@
-"""Models that wait without computing, for the tests that must land a signal in a long step or
-a long validation: `build`'s every training step sleeps SLOW_STEP_S (3 s), longer than the
-second Open MPI's mpirun leaves its ranks between passing on a SIGTERM and its SIGKILL, as a
-large step on a CPU is (test_reproduce.py's stop); `build_slow_eval`'s every evaluation window
-sleeps SLOW_WINDOW_S, so a validation of 40 windows lasts 4 s at no CPU cost (test_resume.py's
-stops during validation once ran 8,000 real windows for that: 228 CPU s in one test)."""
+"""Models that wait without computing: `build`'s every training step sleeps SLOW_STEP_S (3 s),
+longer than the second Open MPI's mpirun leaves its ranks between passing on a SIGTERM and its
+SIGKILL, as a large step on a CPU is (test_reproduce.py's stop); `build_recorded`'s every
+evaluation window sleeps SLOW_WINDOW_S, so that a validation of 40 windows lasts 4 s at no CPU
+cost, and records when it ran (test_resume.py's test of who validates at a resume)."""
 import os
 import time
 
@@ -15,16 +14,16 @@ SLOW_STEP_S = 3
 SLOW_WINDOW_S = 0.1
 
 
-def _slowed(cfg, vocab_size, in_training, seconds):
+def build(cfg, vocab_size):
     model = build_model(cfg, vocab_size)
     call = model.call
 
     def sleep(x):
-        time.sleep(seconds)
+        time.sleep(SLOW_STEP_S)
         return x
 
     def slow_call(inputs, state, training=False, noise_seed=None):
-        if training == in_training:
+        if training:
             inputs = tf.ensure_shape(tf.numpy_function(sleep, [inputs], inputs.dtype),
                                      inputs.shape)
         return call(inputs, state, training=training, noise_seed=noise_seed)
@@ -33,18 +32,10 @@ def _slowed(cfg, vocab_size, in_training, seconds):
     return model
 
 
-def build(cfg, vocab_size):
-    return _slowed(cfg, vocab_size, in_training=True, seconds=SLOW_STEP_S)
-
-
-def build_slow_eval(cfg, vocab_size):
-    return _slowed(cfg, vocab_size, in_training=False, seconds=SLOW_WINDOW_S)
-
-
 def build_recorded(cfg, vocab_size):
-    """build_slow_eval whose every window, of an evaluation or of a training step, also appends
-    "<pid> eval|train <time>" to the file named by $PTB_TEST_CALLS as it runs: which process
-    validates at a resume, and when each starts training (test_resume.py)."""
+    """A model whose every window, of an evaluation (sleeping SLOW_WINDOW_S first) or of a
+    training step, appends "<pid> eval|train <time>" to the file named by $PTB_TEST_CALLS as it
+    runs: which process validates at a resume, and when each starts training (test_resume.py)."""
     model = build_model(cfg, vocab_size)
     call, path = model.call, os.environ["PTB_TEST_CALLS"]
 

@@ -2,11 +2,12 @@
 one: `python tests/stand_in_gpus.py N lm_ptb_distributed.py ARGS...`, under mpirun or
 launch/tf_config.py like the trainer itself.
 
-TensorFlow's list of physical GPUs answers N stand-in devices; setting one visible or its memory
-growth is recorded, and printed as `stand-in GPUs: <who> pinned <device>` (who: this process's
-Horovod local rank or tf.distribute worker index), instead of reaching a driver. Everything
-else, the trainer's own check of ranks against GPUs included, runs as it is; the trainer then
-computes on the CPU (its model chooses its kernels from the logical devices, which stay CPUs).
+TensorFlow's list of physical GPUs answers N stand-in devices (its list of all devices too,
+where Keras 3's compile() looks to choose XLA); setting one visible or its memory growth is
+recorded, and printed as `stand-in GPUs: <who> pinned <device>` (who: this process's Horovod
+local rank or tf.distribute worker index), instead of reaching a driver. Everything else, the
+trainer's own check of ranks against GPUs included, runs as it is; the trainer then computes on
+the CPU (its model chooses its kernels from the logical devices, which stay CPUs).
 """
 import json
 import os
@@ -34,6 +35,8 @@ def stand_in(count):
     real_list, real_visible = tf.config.list_physical_devices, tf.config.set_visible_devices
 
     def list_physical_devices(device_type=None):
+        if device_type is None:  # all of them, as a GPU host lists them
+            return real_list() + list(gpus)
         return list(gpus) if device_type == "GPU" else real_list(device_type)
 
     def set_visible_devices(devices, device_type=None):
@@ -43,9 +46,12 @@ def stand_in(count):
         for device in [devices] if isinstance(devices, tf.config.PhysicalDevice) else devices:
             os.write(1, f"stand-in GPUs: {who()} pinned {device.name}\n".encode())  # one write
 
-    tf.config.list_physical_devices = list_physical_devices
-    tf.config.set_visible_devices = set_visible_devices
-    tf.config.experimental.set_memory_growth = lambda device, enable: None
+    # tf.compat.v2.config too: tf-keras reads it there (its optimizers take XLA for their update
+    # wherever a GPU is listed)
+    for config in (tf.config, tf.compat.v2.config):
+        config.list_physical_devices = list_physical_devices
+        config.set_visible_devices = set_visible_devices
+        config.experimental.set_memory_growth = lambda device, enable: None
 
 
 USAGE = "usage: python tests/stand_in_gpus.py N SCRIPT [ARGS...]"

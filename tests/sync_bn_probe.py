@@ -9,7 +9,10 @@ process's outputs, moving mean and moving variance:
   convnet branch (4-D) and a masked sequence branch: their weights after 2 epochs.
 Writes one JSON file per rank ($PROBE_OUT)."""
 import os
+import shutil
 import sys
+import tempfile
+import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import utils  # noqa: E402  first: the Keras PTB_KERAS selects, before TensorFlow loads
@@ -38,6 +41,8 @@ LAYER_CASES = {
     "masked_4d": ((8, 4, 4, 3), 4, "given"),
     "masking_layer": ((8, 5, 3), 4, "masking"),
     "masked_empty_rank": ((8, 5, 3), 4, "empty"),
+    # each channel's mean 2000 beside a spread of 1 to 3: float32's E[x^2] - E[x]^2 lost digits
+    "large_mean": ((64, 3), 32, None, 2000.0),
 }
 # unmasked steps of each of the 8 sequences: rank 0's 4 rows hold 19, rank 1's 4 (in "masked")
 LENGTHS = [5, 5, 4, 5, 2, 1, 0, 1]
@@ -83,9 +88,10 @@ def batch_norm():
     return keras.layers.BatchNormalization(momentum=MOMENTUM, **unfused)
 
 
-def layer_case(shape, first, mask_kind, seed):
-    """This rank's outputs and the layer's moving mean and variance after one training call."""
-    x = batch(shape, seed)
+def layer_case(shape, first, mask_kind, offset=0.0, seed=0):
+    """This rank's outputs and the layer's moving mean and variance after one training call, on
+    batch(shape, seed) + offset."""
+    x = batch(shape, seed) + np.float32(offset)
     mask = sequence_mask(shape, mask_kind, seed) if mask_kind else None
     layer = batch_norm()
     if mask_kind == "masking":  # the padded steps all zeros; Keras hands their mask on itself
@@ -151,18 +157,71 @@ def fit_case(kind):
     steps = np.arange(SEQUENCE[0])[None, :] < np.array(FIT_LENGTHS * (FIT_ROWS // 8))[:, None]
     sequences = np.where(steps[..., None], sequences, 0.0).astype("float32")
     y = images.reshape(FIT_ROWS, -1).mean(axis=1) + sequences.reshape(FIT_ROWS, -1).mean(axis=1)
-    n, rank = hvd.size(), hvd.rank()
-
-    def mine(rows):  # this rank's share of each global batch
-        return rows.reshape(FIT_ROWS // FIT_BATCH, n, FIT_BATCH // n, *rows.shape[1:])[
-            :, rank].reshape(-1, *rows.shape[1:])
-
     model = fit_model(kind)
     sgd = optimizers.SGD(learning_rate=0.02)
-    model.compile(optimizer=hvd.DistributedOptimizer(sgd) if n > 1 else sgd, loss="mse")
-    model.fit([mine(images), mine(sequences)], mine(y[:, None]), batch_size=FIT_BATCH // n,
+    model.compile(optimizer=hvd.DistributedOptimizer(sgd) if hvd.size() > 1 else sgd, loss="mse")
+    model.fit([mine(images), mine(sequences)], mine(y[:, None]), batch_size=FIT_BATCH // hvd.size(),
               epochs=FIT_EPOCHS, shuffle=False, verbose=0)
     return [w.ravel().tolist() for w in model.get_weights()]
+
+
+def mine(rows):
+    """This rank's share of each global batch of FIT_BATCH rows: 4 and 4 on 2 ranks."""
+    n = hvd.size()
+    return rows.reshape(FIT_ROWS // FIT_BATCH, n, FIT_BATCH // n, *rows.shape[1:])[
+        :, hvd.rank()].reshape(-1, *rows.shape[1:])
+
+
+def reload_case(suffix):
+    """A convnet (4-D input) fitted for an epoch, saved by rank 0 as `suffix` (".keras", ".h5",
+    or "old.keras": a .keras file whose layer bears the bare class name, as Horovod saved it
+    before it registered the class), loaded for the next epoch by hvd.load_model on every rank
+    (keras.models.load_model of Keras' own layer on 1): the weights at the end, and the class
+    of the loaded normalization."""
+    images = batch((FIT_ROWS,) + IMAGE, seed=9)
+    y = images.reshape(FIT_ROWS, -1).mean(axis=1)[:, None]
+    x = keras.Input(IMAGE)
+    layers = [keras.layers.Conv2D(3, 2, padding="same",
+                                  kernel_initializer=keras.initializers.GlorotUniform(seed=4)),
+              batch_norm(), keras.layers.Flatten(),
+              keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=5))]
+    out = x
+    for layer in layers:
+        out = layer(out)
+    model = keras.Model(x, out)
+    sgd = optimizers.SGD(learning_rate=0.02)
+    model.compile(optimizer=hvd.DistributedOptimizer(sgd) if hvd.size() > 1 else sgd, loss="mse")
+    fit = dict(x=mine(images), y=mine(y), batch_size=FIT_BATCH // hvd.size(), shuffle=False,
+               verbose=0)
+    model.fit(epochs=1, **fit)
+    path = hvd_tf.broadcast_object(os.path.join(tempfile.mkdtemp(), "model" + suffix)
+                                   if hvd.rank() == 0 else None, 0)
+    if hvd.rank() == 0:
+        model.save(path)
+        if suffix == "old.keras":
+            with zipfile.ZipFile(path) as saved:
+                files = {name: saved.read(name) for name in saved.namelist()}
+            files["config.json"] = files["config.json"].replace(b'"Horovod>SyncBatchNormalization"',
+                                                                b'"SyncBatchNormalization"')
+            with zipfile.ZipFile(path, "w") as old:
+                for name, data in files.items():
+                    old.writestr(name, data)
+    hvd_tf.allreduce(tf.constant(0.0), name="saved" + suffix)  # no rank loads before the save
+    try:
+        if hvd.size() == 1:
+            model = keras.models.load_model(path)
+            if not KERAS3:  # its config keeps no fused=False, and build() chose the kernel
+                model.layers[2].fused = False
+        else:  # tf-keras: the saved optimizer is its legacy one (Horovod's Keras 2 path)
+            model = hvd.load_model(path, **({} if KERAS3 else {"legacy_opts": True}))
+        model.fit(epochs=1, **fit)
+    finally:
+        hvd_tf.allreduce(tf.constant(0.0), name="loaded" + suffix)  # every rank has read it
+        if hvd.rank() == 0:
+            shutil.rmtree(os.path.dirname(path))
+    return {"weights": [w.ravel().tolist() for w in model.get_weights()],
+            "normalization": type(model.layers[2]).__module__ + "." +
+                             type(model.layers[2]).__name__}
 
 
 def refused_fused():
@@ -174,13 +233,13 @@ def refused_fused():
     return None
 
 
-def fit_or_error(kind):
-    """fit_case's weights, or the one line its model failed with (at its making, on every rank
-    alike, before any collective)."""
+def or_error(case, *args):
+    """case(*args)'s results, or the one line it failed with (at its model's making or loading,
+    on every rank alike, before the next collective)."""
     try:
-        return fit_case(kind)
-    except ValueError as e:
-        return f"ValueError: {e}"
+        return case(*args)
+    except (ValueError, TypeError) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 
 def main():
@@ -188,7 +247,11 @@ def main():
     out = {"rank": hvd.rank(), "keras3": KERAS3, "fused_true": refused_fused()}
     out["layer"] = {name: layer_case(*case, seed=i)
                     for i, (name, case) in enumerate(LAYER_CASES.items())}
-    out["fit"] = {kind: fit_or_error(kind) for kind in ("functional", "subclassed")}
+    out["fit"] = {kind: or_error(fit_case, kind) for kind in ("functional", "subclassed")}
+    # Keras 3's own .h5 loader keeps no optimizer state: its model.fit fails in one process
+    # ("Unknown variable"), and hvd.load_model refuses it in one line (docs/keras3.md)
+    suffixes = (".keras", "old.keras") if KERAS3 else (".keras", "old.keras", ".h5")
+    out["reload"] = {suffix: or_error(reload_case, suffix) for suffix in suffixes}
     report(out)
     return 0
 

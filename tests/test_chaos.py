@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from scripts import chaos, twohosts
-from tests.helpers import REPO, need_root
+from tests.helpers import REPO, need_root, run_job
 
 
 def test_the_schedule_has_each_kind_the_times_asked_and_fills_the_minutes():
@@ -141,9 +141,8 @@ def test_the_launch_agent_takes_ssh_options_before_and_after_the_host():
 def run_chaos(ptb_path, results, *args, timeout):
     """scripts/chaos.py (elastic) with these arguments; its report."""
     need_root()
-    r = subprocess.run([sys.executable, "scripts/chaos.py", "--data_path", ptb_path,
-                        "--minutes", "0", "--results", str(results), *args],
-                       cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    r = run_job([sys.executable, "scripts/chaos.py", "--data_path", ptb_path, "--minutes", "0",
+                 "--results", str(results), *args], timeout, cwd=REPO)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     return json.loads(next(results.glob("chaos-elastic-seed*.json")).read_text())
 

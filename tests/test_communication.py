@@ -78,13 +78,11 @@ def test_param_averaging_every_step_equals_gradient_averaging(corpus, tmp_path):
 
 
 def test_param_sync_makes_ranks_equal_only_at_syncs(tmp_path):
-    import subprocess
     import sys
-    from tests.helpers import IS_ROOT
-    r = subprocess.run(["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
-                        "-np", "2", sys.executable, "-m", "tests.param_sync_probe", "3", "7",
-                        str(tmp_path)],
-                       cwd=REPO, capture_output=True, text=True, timeout=180)
+    from tests.helpers import IS_ROOT, run_job
+    r = run_job(["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
+                 "-np", "2", sys.executable, "-m", "tests.param_sync_probe", "3", "7",
+                 str(tmp_path)], 180, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     a, b = (json.loads((tmp_path / f"rank{rank}.json").read_text())["digests"] for rank in (0, 1))
     assert len(a) == len(b) == 7

@@ -4,15 +4,15 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import REPO, TINY, need_root, script_env
+from tests.helpers import REPO, TINY, need_root, run_job, script_env
 
 
 def test_compare_runs_both_trainers_on_one_host_and_over_a_link(ptb_path, tmp_path):
     need_root()
     out = tmp_path / "compare.json"
-    r = subprocess.run([sys.executable, "scripts/compare.py", "--quick", "--config", TINY,
-                        "--steps", "12", "--data_path", ptb_path, "--out", str(out)],
-                       cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=600)
+    r = run_job([sys.executable, "scripts/compare.py", "--quick", "--config", TINY, "--steps",
+                 "12", "--data_path", ptb_path, "--out", str(out)], 600, cwd=REPO,
+                env=script_env())
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(out.read_text())
     assert [row["link"] for row in result["rows"]] == ["this host", "1 Gbit/s"]

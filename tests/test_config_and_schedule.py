@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, run_script
 from utils import cli, config
 from utils.loop import learning_rate
 
@@ -136,3 +136,33 @@ def test_every_scripts_docstring_keeps_its_line_breaks():
             if doc.value.count("\n") != ast.get_source_segment(source, doc).count("\n"):
                 joined.append(os.path.relpath(path, REPO))
     assert len(scripts) > 20 and not joined, f"make these docstrings raw (r\"\"\"): {joined}"
+
+
+@pytest.mark.parametrize("flag", ["--output_dir", "--data_path", "--baseline"])
+@pytest.mark.parametrize("value, said", [("", "empty"), (" ", "blank")])
+def test_an_empty_path_flag_is_refused_in_one_line(flag, value, said):
+    """--output_dir "" wrote nothing where it was started and ended in a FileNotFoundError
+    traceback at its first save (an unset shell variable in a script, say); " " trained into a
+    folder named by a blank."""
+    with pytest.raises(cli.ConfigError) as refused:
+        cli.parse_args([flag, value])
+    assert str(refused.value) == f"{flag} is {said}; give it a path (or leave the flag out " \
+        "for its default)"
+
+
+def test_evaluates_empty_paths_are_refused_in_one_line_and_an_empty_ptb_data_path_is_unset(
+        tmp_path):
+    """evaluate.py export --export_dir "" wrote the SavedModel into the folder it was started
+    from; PTB_DATA_PATH= (set empty) named an empty folder instead of the default."""
+    for argv, said in ((["export", "--run", str(tmp_path), "--export_dir", ""], "--export_dir is "
+                        "empty; give it a path"),
+                       (["perplexity", "--run", "  "], "--run is blank; give it a path"),
+                       (["perplexity", "--run", str(tmp_path), "--data_path", ""],
+                        "--data_path is empty; give it a path (or leave the flag out for its "
+                        "default)")):
+        r = run_script(["evaluate.py", *argv])
+        assert (r.returncode, r.stderr) == (2, f"error: {said}\n"), r.stderr
+    for value in ("", "  "):
+        r = run_script(["-c", "from utils.config import DEFAULT_DATA_PATH as d; print(repr(d))"],
+                       env={"PTB_DATA_PATH": value})
+        assert r.stdout.strip() == repr(os.path.join(REPO, "data", "ptb")), r

@@ -1,14 +1,16 @@
 """A run's folder damaged, or given what cannot be used: every reader of a checkpoint (the resume,
 the checks it makes before restoring, evaluate.py's three commands) names a damaged newest one
 in a line and takes the one before it; a resume without checkpoints keeps the log of the epochs
-they held; an unreadable vocab.txt, an unusable --export_dir and a baseline of another config
-are one line each. One tiny run is trained; each case runs on a copy of it, damaged, and all of
-them in two processes (tests/bad_input_runner.py), one per Keras; the 2-rank resume is a job."""
+they held; an unreadable vocab.txt or data_path.txt, an unusable --export_dir and a baseline of
+another config are one line each; a resume stopped before it reads the checkpoints names the
+newest. One tiny run is trained; each case runs on a copy of it, damaged, and all of them in two
+processes (tests/bad_input_runner.py), one per Keras; the 2-rank resume is a job."""
 import json
 import os
 import random
 import re
 import shutil
+import signal
 
 import pytest
 
@@ -91,6 +93,14 @@ def trained(corpus, tmp_path_factory):
     return run
 
 
+def spoil_a_progress_line(log):
+    """A byte that is not UTF-8 (0xff) in place of a space of the log's first progress line."""
+    lines = log.read_bytes().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if b'"event": "progress"' in line)
+    lines[first] = lines[first].replace(b" ", b"\xff", 1)
+    log.write_bytes(b"".join(lines))
+
+
 def copy_of(trained, root, name, damage=None):
     run = root / re.sub(r"\W+", "-", name)
     shutil.copytree(trained, run)
@@ -131,15 +141,37 @@ def keras3(trained, corpus, tmp_path_factory):
         cases[f"{kind}: resume"] = ["--output_dir", str(run), *resume]
     # the checks made before a restore, on the one restored: none writes anything
     run = folders["checks"] = copy_of(trained, root, "checks", DAMAGE["data file overwritten"][0])
-    for precision in ("fp16", "bf16"):
-        cases[f"resume in {precision}"] = [*RUN_ARGS, *data, "--output_dir", str(run),
-                                           "--resume", "--set", f"precision='{precision}'"]
+    for change in ("precision='fp16'", "precision='bf16'", "num_epochs=2"):
+        cases[f"resume with {change}"] = [*RUN_ARGS, *data, "--output_dir", str(run), "--resume",
+                                          "--set", change]
     # no checkpoint left of the logged epochs
     folders["checkpoints deleted"] = copy_of(trained, root, "checkpoints deleted",
                                              shutil.rmtree)
     folders["checkpoints emptied"] = copy_of(trained, root, "checkpoints emptied", empty_folder)
     for kind in ("checkpoints deleted", "checkpoints emptied"):
         cases[kind] = ["--output_dir", str(folders[kind]), *resume]
+    # a byte that is not UTF-8 in a line of the log, with its checkpoints or without them
+    for kind, damage in (("log not UTF-8", None), ("log not UTF-8, checkpoints deleted",
+                                                   shutil.rmtree)):
+        run = folders[kind] = copy_of(trained, root, kind, damage)
+        spoil_a_progress_line(run / "metrics.jsonl")
+        cases[kind] = ["--output_dir", str(run), *resume]
+    # the newest checkpoints deleted, a resume to the epoch of the one left: its own test
+    run = folders["only ckpt-2 left"] = copy_of(trained, root, "only ckpt-2 left", lambda ck: (
+        remove_newest(ck), shutil.rmtree(os.path.join(ck, "steps"))))
+    cases["only ckpt-2 left"] = [*RUN_ARGS, *data, "--output_dir", str(run), "--resume",
+                                 "--set", "num_epochs=2"]
+    # a new run's folder with damaged pointers and no checkpoint: it starts afresh and saves
+    fresh = folders["pointers empty, no checkpoint"] = root / "pointers-empty-no-checkpoint"
+    for folder in (fresh / "checkpoints", fresh / "checkpoints" / "steps"):
+        folder.mkdir(parents=True)
+        (folder / "checkpoint").write_bytes(b"")
+    cases["pointers empty, no checkpoint"] = [*RUN_ARGS, *data, "--output_dir", str(fresh),
+                                              "--resume", "--set", "num_epochs=1"]
+    # a stop before the resume reads the checkpoints (in the model's build)
+    run = folders["stopped"] = copy_of(trained, root, "stopped")
+    cases["stopped before the checkpoints are read"] = [
+        "--output_dir", str(run), *resume, "--set", "model='tests.stop_model:build_terminated'"]
     # vocab.txt unreadable: a folder in its place (what stops root too), or mode 000
     for kind in ("vocab.txt a folder", "vocab.txt mode 000")[:1 if IS_ROOT else 2]:
         run = folders[kind] = copy_of(trained, root, kind)
@@ -152,6 +184,19 @@ def keras3(trained, corpus, tmp_path_factory):
         cases[f"{kind}: resume"] = ["--output_dir", str(run), *resume]
         cases[f"{kind}: perplexity"] = evaluate("perplexity", "--run", str(run), *data)
         cases[f"{kind}: generate"] = evaluate("generate", "--run", str(run))
+    # data_path.txt unreadable, where perplexity looks for the corpus without --data_path
+    for kind in ("data_path.txt a folder", "data_path.txt not UTF-8"):
+        run = folders[kind] = copy_of(trained, root, kind)
+        recorded = run / "data_path.txt"
+        recorded.unlink()
+        recorded.mkdir() if kind == "data_path.txt a folder" else recorded.write_bytes(b"\xff\n")
+        cases[f"{kind}: perplexity"] = evaluate("perplexity", "--run", str(run))
+    # evaluate.py's --data_path: a file, or a folder short of a file (it reads, never fetches)
+    (root / "short").mkdir()
+    shutil.copy(os.path.join(corpus, "ptb.train.txt"), root / "short")
+    for kind, path in (("a file", root / "short" / "ptb.train.txt"), ("short", root / "short")):
+        cases[f"perplexity --data_path {kind}"] = evaluate("perplexity", "--run", str(trained),
+                                                           "--data_path", str(path))
     # --export_dir: a file, or in a folder that refuses writes
     (root / "a_file").write_text("not a folder")
     cases["export_dir a file"] = evaluate("export", "--run", str(trained), "--export_dir",
@@ -168,8 +213,10 @@ def keras3(trained, corpus, tmp_path_factory):
     cases["baseline of this config"] = [*RUN_ARGS, *data, "--set", "num_epochs=1",
                                         "--output_dir", str(root / "against"),
                                         "--baseline", str(trained / "metrics.jsonl")]
-    unchanged = ("checks", "checkpoints deleted", "checkpoints emptied", "vocab.txt a folder",
-                 "vocab.txt mode 000")
+    unchanged = ("checks", "checkpoints deleted", "checkpoints emptied", "stopped",
+                 "log not UTF-8, checkpoints deleted",
+                 "vocab.txt a folder", "vocab.txt mode 000", "data_path.txt a folder",
+                 "data_path.txt not UTF-8")
     before = {kind: snapshot(folders[kind]) for kind in unchanged if kind in folders}
     with read_only_folder(root / "read-only") as read_only:
         cases["export_dir read-only"] = evaluate("export", "--run", str(trained),
@@ -224,6 +271,16 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_resume_takes_the_one_befor
     assert f"--resume: continuing from {ck}/{taken} ({where})" in result["stdout"], shown
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in events if e["event"] == "epoch"] == [1, 2, 3, 4]
+    # from inside epoch 3, its line is written again: the log as it was is kept beside it
+    kept = run / "metrics.jsonl.before-resume"
+    if taken == BEFORE_IT:
+        assert (f"[ptb] --resume: the checkpoint comes before the end of epoch 3, so epoch 3 "
+                f"trains again and its lines are rewritten; the log as it was is kept in {kept}"
+                ) in result["stdout"], shown
+        assert [json.loads(line)["epoch"] for line in kept.read_text().splitlines()
+                if '"event": "epoch"' in line] == [1, 2, 3]
+    else:
+        assert not kept.exists()
     # every pointer reads as TensorFlow reads it, and lists what the resume saved: a pointer
     # written anew kept the checkpoints it found counted (the oldest ones removed since)
     import tensorflow as tf
@@ -254,22 +311,26 @@ def test_evaluate_names_a_damaged_newest_checkpoint_and_takes_the_one_the_resume
     assert exported.exists() == (f"{kind}: export" in results)
 
 
-@pytest.mark.parametrize("precision, error", [
-    ("fp16", "error: --resume: the run trained in precision='fp32', and a run does not change "
-             "to or from 'fp16'"),
-    ("bf16", "error: --resume: the run was trained with other values of precision (precision "
-             "'fp32' -> 'bf16')")])
-def test_the_checks_before_a_restore_read_the_checkpoint_restored_not_a_damaged_newest(
-        precision, error, keras3):
+@pytest.mark.parametrize("change, error", [
+    ("precision='fp16'", "error: --resume: the run trained in precision='fp32', and a run does "
+                         "not change to or from 'fp16'"),
+    ("precision='bf16'", "error: --resume: the run was trained with other values of precision "
+                         "(precision 'fp32' -> 'bf16')"),
+    ("num_epochs=2", "error: --resume: the run has trained 2 epochs and 8 steps, more than "
+                     "num_epochs=2")])
+def test_the_checks_of_a_resume_read_the_checkpoint_restored_not_a_damaged_newest(
+        change, error, keras3):
+    """fp16's check before the restore, the config's and the schedule's after it: each refusal
+    comes after the line that names the damaged newest and the one read instead, never after
+    one that says the resume goes on from it."""
     results, folders, before, _ = keras3
-    result, ck = results[f"resume in {precision}"], f"{folders['checks']}/checkpoints"
+    result, ck = results[f"resume with {change}"], f"{folders['checks']}/checkpoints"
     shown = result["stdout"] + result["stderr"]
     assert result["status"] == 2 and "Traceback" not in shown, shown
     assert len(result["stderr"].splitlines()) == 2, shown  # the damaged one named, the refusal
     warning, line = result["stderr"].splitlines()
     assert re.fullmatch(rf"warning: checkpoint {re.escape(ck)}/{NEWEST} is damaged \(.+\); "
-                        rf"(resuming from|reading) {re.escape(ck)}/{BEFORE_IT}( instead)?",
-                        warning), warning
+                        rf"reading {re.escape(ck)}/{BEFORE_IT} instead", warning), warning
     assert line.startswith(error), line
     assert snapshot(folders["checks"]) == before["checks"]
 
@@ -289,7 +350,8 @@ def test_under_the_other_keras_a_damaged_newest_is_named_then_the_one_before_it_
     assert snapshot(run) == before
 
 
-@pytest.mark.parametrize("kind", ["checkpoints deleted", "checkpoints emptied"])
+@pytest.mark.parametrize("kind", ["checkpoints deleted", "checkpoints emptied",
+                                  "log not UTF-8, checkpoints deleted"])
 def test_a_resume_with_no_checkpoint_of_the_logged_epochs_keeps_the_log(kind, keras3):
     results, folders, before, _ = keras3
     result, run = results[kind], folders[kind]
@@ -298,6 +360,57 @@ def test_a_resume_with_no_checkpoint_of_the_logged_epochs_keeps_the_log(kind, ke
                       "records 3 epochs of an earlier run, which a start afresh would overwrite; "
                       "restore its checkpoints to continue it, or move metrics.jsonl aside", result)
     assert snapshot(run) == before[kind]
+
+
+def test_a_log_line_that_is_not_utf8_is_skipped_as_a_damaged_line(keras3):
+    """A byte that is not UTF-8 in one line of metrics.jsonl: the resume read the log as text
+    and took the UnicodeDecodeError for a checkpoint that "does not fit this config", and
+    without checkpoints it ended in the UnicodeDecodeError's traceback. The line is skipped as a
+    line cut short is: the resume goes on to epoch 4, and without checkpoints the log of its 3
+    epochs is kept by the refusal (test_a_resume_with_no_checkpoint_..., its third case)."""
+    results, folders, _, _ = keras3
+    result, run = results["log not UTF-8"], folders["log not UTF-8"]
+    assert result["status"] == 0, result
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text(
+        "utf-8").splitlines() if '"event": "epoch"' in line]
+    assert epochs == [1, 2, 3, 4], epochs
+
+
+def test_a_resume_to_an_older_checkpoints_epoch_tests_that_model(keras3):
+    """3 epochs tested, ckpt-3 and the in-epoch ones deleted, --resume with num_epochs=2: it
+    said the run "is finished" with epoch 3's test perplexity, and never tested the model of
+    ckpt-2. Now it tests it (the log as it was kept beside)."""
+    results, folders, _, _ = keras3
+    result, run = results["only ckpt-2 left"], folders["only ckpt-2 left"]
+    assert result["status"] == 0 and "is finished" not in result["stdout"], result
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["epoch"]) for e in events if e["event"] in ("epoch", "test")] == [
+        ("epoch", 1), ("epoch", 2), ("test", 2)], events
+    assert (run / "metrics.jsonl.before-resume").exists()
+
+
+def test_damaged_pointers_beside_no_checkpoint_start_afresh_and_save(keras3):
+    """Both pointer files empty and no checkpoint (a new run's folder): the resume says so,
+    starts afresh and saves its epoch (its first save ended in a traceback, the epoch lost)."""
+    results, folders, _, _ = keras3
+    kind = "pointers empty, no checkpoint"
+    result, ck = results[kind], folders[kind] / "checkpoints"
+    assert result["status"] == 0, result
+    assert "so this run starts afresh" in result["stdout"] + result["stderr"], result
+    assert {"ckpt-1.index", "checkpoint"} <= set(os.listdir(ck)), os.listdir(ck)
+    assert "ckpt-8.index" in os.listdir(ck / "steps"), os.listdir(ck / "steps")
+
+
+def test_a_stop_before_the_checkpoints_are_read_names_the_newest_one(keras3):
+    """The trainer gives its --output_dir to the stop line first thing (cli.report_stops), not
+    as its checkpoints are made: a resume stopped before that names what is kept all the same."""
+    results, folders, before, _ = keras3
+    result, run = results["stopped before the checkpoints are read"], folders["stopped"]
+    assert result["status"] == 128 + signal.SIGTERM, result
+    assert result["stderr"].strip() == (
+        f"error: stopped by SIGTERM; the newest checkpoint, {run}/checkpoints/{NEWEST}, is kept: "
+        "rerun with --resume to continue from it"), result
+    assert snapshot(run) == before["stopped"]
 
 
 @pytest.mark.parametrize("kind", ["vocab.txt a folder", "vocab.txt mode 000"])
@@ -313,6 +426,31 @@ def test_an_unreadable_vocab_txt_is_one_line(kind, keras3):
                           f"cannot read the run's vocabulary {run}/vocab.txt ({reason}); make it "
                           "readable, or move it away", result)
     assert snapshot(run) == before[kind]
+
+
+@pytest.mark.parametrize("kind, reason", [("data_path.txt a folder", "Is a directory"),
+                                          ("data_path.txt not UTF-8",
+                                           "not UTF-8 text, bad byte at offset 0")])
+def test_an_unreadable_data_path_txt_is_one_line(kind, reason, keras3):
+    results, folders, before, _ = keras3
+    run = folders[kind]
+    result = results[f"{kind}: perplexity"]
+    assert_error_line(result["status"], result["stderr"],
+                      f"cannot read {run}/data_path.txt, the run's record of its data folder "
+                      f"({reason}); make it readable, or pass --data_path", result)
+    assert snapshot(run) == before[kind]
+
+
+def test_evaluates_data_path_a_file_or_short_of_a_file_is_one_line_naming_it(keras3):
+    """It was "cannot read .../ptb.train.txt/ptb.train.txt: Not a directory", with no fix."""
+    results, _, _, root = keras3
+    for kind, what in (("a file", "a file, not a folder"),
+                       ("short", "a folder without ptb.valid.txt, ptb.test.txt")):
+        path = root / "short" / ("ptb.train.txt" if kind == "a file" else "")
+        result = results[f"perplexity --data_path {kind}"]
+        assert_error_line(result["status"], result["stderr"],
+                          f"--data_path {str(path).rstrip('/')} is {what}; pass the folder of "
+                          "ptb.train.txt, ptb.valid.txt, ptb.test.txt the run trained on", result)
 
 
 def test_an_unusable_export_dir_is_one_line(keras3):

@@ -1,6 +1,7 @@
 """Real Horovod ranks under real mpirun, on CPU: equivalence with one process, sharding,
 rank-0-only output, launch errors, and two "hosts" joined by a veth pair or by a link with
 added delay."""
+import json
 import os
 import re
 import time
@@ -12,7 +13,9 @@ import pytest
 
 from scripts import twohosts
 from tests.helpers import (REPO, TINY, first_loss, checkpoint_weights, events, mpirun, need_root,
-                           run_script)
+                           run_job, run_script)
+from utils.cli import RANK_0_FIRST_S
+from utils.config import load_config
 
 # Equivalence: keep_prob 1 and 60 logged steps; one step = 4 rows x 5 tokens of real PTB.
 # Clipping acts (max_grad_norm below the global norm: checked below), so that it is the global
@@ -123,11 +126,29 @@ def test_two_ranks_equal_one_process_in_bf16(ptb_path, tmp_path):
     assert fp32[0] == pytest.approx(first_loss(ptb_path, TINY, values, 7, "fp32"), rel=1e-6)
 
 
+def fp16_skips(run_dir):
+    """(steps skipped, loss scale) of a finished fp16 run: the steps the trainer ran (its
+    progress lines, one a step) less the steps its optimizer took, and its last checkpoint's
+    loss scale."""
+    import tensorflow as tf
+    kept = tf.train.load_checkpoint(str(run_dir / "checkpoints" / "ckpt-2"))
+    taken = int(kept.get_tensor(
+        "optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"))
+    return (len(events(run_dir, "progress")) - taken,
+            float(kept.get_tensor("optimizer/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE")))
+
+
 def test_two_ranks_equal_one_process_in_fp16_with_one_loss_scale(ptb_path, tmp_path):
     """precision fp16 (float16 operands, the loss scaled by Keras 3's LossScaleOptimizer inside
-    Horovod's optimizer): the same steps on 1 and 2 ranks within float16's rounding, the same
-    loss scale and steps taken at the end (a step skipped on an overflow is skipped on both
-    ranks or on neither), and float16 ran: the first step's loss is float16's, computed here."""
+    Horovod's optimizer): the same steps on 1 and 2 ranks within float16's rounding, and float16
+    ran: the first step's loss is float16's, computed here. No step of these overflows at
+    Keras's first loss scale, 32768 (counted: none skipped, the scale unchanged). So a third
+    run, of 2 ranks at init_scale 2, whose first gradients overflow: it skips steps, its
+    scale halved at each (the steps skipped counted as the steps the trainer ran less the
+    optimizer's steps taken), and trains on to the end, where ranks that disagreed on a skip
+    would have left one in an allreduce the other skipped (patch 16's hang). Against one
+    process such a run cannot be held: a rank's half-batch mean gradient is twice a whole
+    batch's per row, so float16 overflows on 2 ranks where one process may not."""
     sets = [*EQUIV_SET, "--set", "init_scale=1.0"]
     common = ["--config", TINY, "--data_path", ptb_path, *sets, "--set", "precision='fp16'"]
     runs = {name: tmp_path / name for name in ("single", "dist")}
@@ -137,19 +158,21 @@ def test_two_ranks_equal_one_process_in_fp16_with_one_loss_scale(ptb_path, tmp_p
     assert r.returncode == 0, r.stdout + r.stderr
     one, two = (np.array([e["loss"] for e in events(path, "progress")])
                 for path in runs.values())
-    assert len(one) == len(two) == 60
+    assert len(one) == len(two) == 2 * 30
     assert (np.abs(one - two) / one).max() < 3e-3
     assert two[0] == pytest.approx(one[0], rel=1e-6)
     values = [sets[i + 1] for i, flag in enumerate(sets) if flag == "--set"]
     assert one[0] == pytest.approx(first_loss(ptb_path, TINY, values, 7, "fp16"), rel=1e-6)
     assert abs(first_loss(ptb_path, TINY, values, 7, "fp32") - one[0]) > 1e-6 * one[0]
-    # the loss scale and the steps taken, as the two runs' last checkpoints hold them
-    import tensorflow as tf
-    kept = [tf.train.load_checkpoint(str(path / "checkpoints" / "ckpt-2"))
-            for path in runs.values()]
-    for key in ("optimizer/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE",
-                "optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"):
-        assert kept[0].get_tensor(key) == kept[1].get_tensor(key), key
+    assert [fp16_skips(path) for path in runs.values()] == [(0, 32768.0)] * 2
+    overflowing = tmp_path / "overflowing"
+    r = mpirun((2, [*common, "--set", "init_scale=2.0", "--output_dir", str(overflowing)]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    skipped, scale = fp16_skips(overflowing)
+    # the scale grows only after 2,000 steps without an overflow: halved at each skip
+    assert skipped >= 1 and scale == 32768 / 2 ** skipped, (skipped, scale)
+    losses = [e["loss"] for e in events(overflowing, "progress")]
+    assert len(losses) == 2 * 30 and all(np.isfinite(losses)), losses
 
 
 def test_four_ranks_train_and_three_ranks_fail_cleanly(ptb_path, tmp_path):
@@ -160,18 +183,67 @@ def test_four_ranks_train_and_three_ranks_fail_cleanly(ptb_path, tmp_path):
     assert events(tmp_path / "four", "test")[0]["world_size"] == 4
 
     r = mpirun((3, [*args, "--output_dir", str(tmp_path / "three")]), timeout=120)
-    assert r.returncode != 0
-    assert "error: batch_size=20 is not divisible by 3 workers" in r.stderr
+    assert r.returncode == 2
+    assert said(r.stderr) == ["error: batch_size=20 is not divisible by 3 workers; use a worker "
+                              "count that divides it or --set batch_size=<multiple of 3>"]
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "three").exists()
+
+
+def said(stderr):
+    """The job's error lines: one per job where every rank has the error (utils/cli.py)."""
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
 
 
 def test_rank_with_another_config_stops_all(ptb_path, tmp_path):
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", str(tmp_path / "run")]
     r = mpirun((1, args), (1, [*args, "--set", "num_epochs=2"]), timeout=120)
-    assert r.returncode != 0
-    assert "error: ranks started with different config (per rank: " in r.stderr
-    assert "give every rank the same --config and --set" in r.stderr
+    assert r.returncode == 2
+    line, = said(r.stderr)
+    assert line.startswith("error: ranks started with different config (per rank: ")
+    assert line.endswith("give every rank the same --config and --set")
+
+
+@pytest.mark.parametrize("refused", ["--set", "--baseline"])
+def test_a_refusal_every_rank_makes_is_said_by_rank_0_alone(refused, corpus, tmp_path):
+    """A bad --set is refused before Horovod starts (the rank comes from mpirun's environment),
+    a baseline of another config after it: every rank refuses alike, rank 0 says it, the other
+    waits for mpirun to end it, and the job ends with rank 0's status."""
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", str(tmp_path / "run")]
+    if refused == "--set":
+        args += ["--set", "hidden_size=-1"]
+        line = "error: --set: hidden_size must be > 0, got -1"
+    else:
+        medium = {"name": "config_medium", **load_config("config_medium")}
+        baseline = tmp_path / "medium.jsonl"
+        baseline.write_text(json.dumps({"event": "epoch", "epoch": 1, "epoch_time_s": 100.0,
+                                        "config": medium}) + "\n")
+        args += ["--baseline", str(baseline)]
+        line = f"error: --baseline {baseline} is a run of config_medium, whose "
+    r = mpirun((2, args), timeout=180)
+    assert r.returncode == 2, r.stdout + r.stderr
+    error, = said(r.stderr)
+    assert error.startswith(line), error
+    # mpirun names the process that failed first: rank 0, not the one that waited
+    assert re.search(r"Process name: \[\[\d+,\d+\],0\]", r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_error_of_one_rank_alone_is_still_said_by_that_rank(corpus, tmp_path):
+    """Rank 1 without the data (hosts without a shared filesystem): rank 0 has no such error to
+    say, so rank 1 says its own once it has waited RANK_0_FIRST_S for it, and mpirun ends rank
+    0, which says why it stops too."""
+    args = ["--config", TINY, "--output_dir", str(tmp_path / "run")]
+    nowhere = tmp_path / "nowhere"
+    started = time.monotonic()
+    r = mpirun((1, [*args, "--data_path", corpus]), (1, [*args, "--data_path", str(nowhere)]),
+               timeout=240)
+    # the job's status is the first to end's: rank 1's 2, or rank 0's 1 if it saw rank 1 go first
+    assert r.returncode in (1, 2) and time.monotonic() - started >= RANK_0_FIRST_S, r.stderr
+    assert said(r.stderr)[0] == (
+        f"error: rank 1 finds no PTB files in {nowhere} (rank 0 has them): without a shared "
+        "filesystem, copy them to every host or point --data_path at a shared folder"), r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("what", ["truncated data", "other text, same length", "log_every"])
@@ -309,7 +381,7 @@ def test_delayed_link_adds_its_delay_and_carries_a_two_host_run(ptb_path, tmp_pa
         cmd = twohosts.mpirun_command(hosts, [
             "--config", TINY, "--data_path", ptb_path, "--output_dir", str(out),
             "--set", "steps_per_epoch=10", "--set", "num_epochs=1", "--set", "eval_steps=5"])
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+        r = run_job(cmd, 240, cwd=REPO)
         assert r.returncode == 0, r.stdout + r.stderr
         sent = twohosts.tx_bytes(hosts[0])
     assert undelayed < 10 and 50 <= delayed < 50 + 30, (undelayed, delayed)
@@ -329,7 +401,7 @@ def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
         "--config", TINY, "--data_path", ptb_path, "--output_dir", str(out),
         "--set", "steps_per_epoch=20", "--set", "num_epochs=1", "--set", "eval_steps=5"],
         wrapper=record_netns)
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    r = run_job(cmd, 240, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = {p: (marker / p).read_text().strip() for p in ("rank0", "rank1")}
     namespaces = [twohosts.netns_inode(ns) for ns, _, _ in hosts]
@@ -343,11 +415,10 @@ def test_two_hosts_over_veth(ptb_path, tmp_path, hosts):
 def test_horovodrun_gloo_on_one_host(ptb_path, tmp_path):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     out = tmp_path / "gloo"
-    r = subprocess.run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
-                        "lm_ptb_distributed.py", "--config", TINY, "--data_path", ptb_path,
-                        "--output_dir", str(out), "--set", "steps_per_epoch=10",
-                        "--set", "num_epochs=1", "--set", "eval_steps=5"],
-                       cwd=REPO, capture_output=True, text=True, timeout=180)
+    r = run_job([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
+                 "lm_ptb_distributed.py", "--config", TINY, "--data_path", ptb_path,
+                 "--output_dir", str(out), "--set", "steps_per_epoch=10", "--set",
+                 "num_epochs=1", "--set", "eval_steps=5"], 180, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert events(out, "test")[0]["world_size"] == 2
 
@@ -355,7 +426,7 @@ def test_horovodrun_gloo_on_one_host(ptb_path, tmp_path):
 def test_each_rank_pins_its_own_gpu_and_more_ranks_than_gpus_is_one_line(corpus, tmp_path):
     """Horovod 2 through the trainer's own path, on stand-in GPUs (tests/stand_in_gpus.py: this
     machine has none): 2 ranks on a host of 2 GPUs take one each, by local rank, and train (on
-    the CPU); 2 ranks on a host of 1 stop before any work, each with one line naming the fix,
+    the CPU); 2 ranks on a host of 1 stop before any work, in one line (rank 0's) naming the fix,
     where gpus[hvd.local_rank()] would end rank 1 in an IndexError. A trainer that stopped
     calling the check, or pinned by another number, fails here."""
     args = ["--config", TINY, "--data_path", corpus, "--set", "steps_per_epoch=5",
@@ -371,6 +442,6 @@ def test_each_rank_pins_its_own_gpu_and_more_ranks_than_gpus_is_one_line(corpus,
     line = ("error: this host runs 2 ranks but has 1 GPU, one per rank: start at most 1 rank per "
             "host (mpirun -H host:1, horovodrun -H host:1), or hide the GPUs "
             "(CUDA_VISIBLE_DEVICES=) to train on the CPU cores\n")
-    # a line from each rank (mpirun may run the two together: counted, not split at newlines)
-    assert r.stderr.count(line) == 2 and r.stderr.count("error:") == 2, r.stderr
+    # rank 0's line alone: every rank has the error, and mpirun ends rank 1 (utils/cli.py)
+    assert r.stderr.count(line) == 1 and r.stderr.count("error:") == 1, r.stderr
     assert not (tmp_path / "one" / "metrics.jsonl").exists()

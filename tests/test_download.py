@@ -109,6 +109,30 @@ def test_http_error_and_unreachable_host_name_the_url(server, tmp_path):
     assert os.listdir(tmp_path / "b") == []
 
 
+def test_a_folder_short_of_a_file_keeps_its_own_files_and_says_what_to_add(server, tmp_path):
+    """A corpus of one's own without its test file: the download would have replaced the two
+    files it has with PTB's, silently. Refused in one line, nothing written; where the files
+    present are PTB's own, the download completes the folder."""
+    www, base = server
+    (www / "simple-examples.tgz").write_bytes(make_tgz(FILES))
+    url = f"{base}/simple-examples.tgz"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "ptb.train.txt").write_bytes(b" my own words \n")
+    (mine / "ptb.valid.txt").write_bytes(FILES["ptb.valid.txt"])
+    with pytest.raises(ptb.DataError) as e:
+        ptb.ensure_data(str(mine), url=url, md5=MD5)
+    assert str(e.value) == (
+        f"{mine} holds ptb.train.txt, not PTB's, but not ptb.test.txt; a download of PTB would "
+        "replace them, so none is made: add ptb.test.txt for a corpus of your own, or point "
+        "--data_path / PTB_DATA_PATH at an empty folder for PTB")
+    assert sorted(os.listdir(mine)) == ["ptb.train.txt", "ptb.valid.txt"]
+    assert (mine / "ptb.train.txt").read_bytes() == b" my own words \n"
+    (mine / "ptb.train.txt").write_bytes(FILES["ptb.train.txt"])  # PTB's own, one file short
+    ptb.ensure_data(str(mine), url=url, md5=MD5)
+    assert {f: (mine / f).read_bytes() for f in FILES} == FILES
+
+
 def test_present_files_are_not_downloaded_again(tmp_path):
     for name, content in FILES.items():
         (tmp_path / name).write_bytes(content)
@@ -202,3 +226,16 @@ def test_files_written_through_a_temp_file_get_the_mode_of_any_new_file(tmp_path
     (tmp_path / "plain.txt").write_text("a\n")
     assert oct(os.stat(tmp_path / "vocab.txt").st_mode) == \
         oct(os.stat(tmp_path / "plain.txt").st_mode)
+
+
+def test_a_file_as_data_path_is_named_a_file_and_nothing_is_fetched(tmp_path):
+    """It was "cannot create data folder ...: File exists; place ... in it by hand", which
+    cannot be done; nothing is fetched (the address would refuse a connection)."""
+    a_file = tmp_path / "ptb.tgz"
+    a_file.write_bytes(b"not a folder")
+    with pytest.raises(ptb.DataError) as refused:
+        ptb.ensure_data(str(a_file), url="http://127.0.0.1:9/never-contacted")
+    assert str(refused.value) == (
+        f"--data_path {a_file} is a file, not a folder; point --data_path / PTB_DATA_PATH at the "
+        "folder of ptb.train.txt, ptb.valid.txt, ptb.test.txt")
+    assert a_file.read_bytes() == b"not a folder"

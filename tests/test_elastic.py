@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests import helpers
-from tests.helpers import TINY, horovodrun, list_hosts, mpirun
+from tests.helpers import TINY, go_on, horovodrun, list_hosts, mpirun, pause_prefix, wait_for_pause
 
 ARGS = ["--config", TINY, "--set", "steps_per_epoch=80", "--set", "num_epochs=3",
         "--set", "eval_steps=20", "--set", "checkpoint_every=20", "--log_every", "10"]
@@ -47,19 +47,15 @@ def events(run_dir, kind):
     return helpers.events(run_dir, kind)
 
 
-def progress_at(run_dir, epoch, step):
-    return lambda: any(e["epoch"] == epoch and e["step"] >= step
-                       for e in events(run_dir, "progress"))
-
-
 @contextlib.contextmanager
 def ended(job):
-    """The job, whose whole session is killed if the test leaves it running."""
+    """The job, killed whole (horovodrun, its driver and workers) if the test leaves it
+    running."""
     try:
         yield job
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+            helpers.kill_job(job)
 
 
 def frozen_for(pid, seconds, meanwhile=lambda: None):
@@ -80,18 +76,28 @@ def two_hosts(tmp_path):
     return path
 
 
+@contextlib.contextmanager
+def paused_at(point, two_hosts, args, pause, **kw):
+    """horovodrun's job (ended as by `ended`) once both its workers wait at `point` for the test
+    to act on them (tests/pause_at.py, its files in `pause`). A worker that joins later goes
+    by."""
+    with ended(horovodrun(two_hosts, args, prefix=pause_prefix(pause, point), **kw)) as job:
+        wait_for_pause(job, pause, count=2)
+        yield job
+
+
 def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, two_hosts,
                                                                       tmp_path):
-    out = str(tmp_path / "run")
-    # a failed host may come back after 1-2 seconds
-    job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out],
-                     cooldown=(1, 2))
-    with ended(job):
-        # a step logged past the commit at step 40: a reset goes back to 40
-        wait_for(progress_at(out, 1, 50), "progress in epoch 1", job)
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
+    # a failed host may come back after 1-2 seconds; killed at a step logged past the commit at
+    # step 40: a reset goes back to 40
+    with paused_at("progress:1:50", two_hosts, [*ARGS, "--data_path", ptb_path,
+                                                  "--output_dir", out], pause,
+                   cooldown=(1, 2)) as job:
         killed_at = time.time()
         list_hosts(two_hosts, "localhost:1")  # the second host is gone with its worker
         os.kill(worker_pid("127.0.0.1", out), signal.SIGKILL)
+        go_on(pause)
         # the survivor goes on alone from its last commit
         wait_for(lambda: any(e["world_size"] == 1 for e in events(out, "progress")),
                  "progress at world size 1", job, timeout=60)
@@ -119,7 +125,7 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
         == [(2, 1, ["127.0.0.1"], []), (1, 2, [], ["127.0.0.1"])], resets
     lost, back = resets[:2]
     assert lost["epoch"] == 1 and lost["step"] % 20 == 0 and back["rolled_back_steps"] == 0
-    assert lost["step"] + lost["rolled_back_steps"] >= 50, lost  # the survivor was past 50
+    assert lost["step"] + lost["rolled_back_steps"] == 50, lost  # the survivor was at 50
     n = lost["rolled_back_steps"]
     line = " | ".join(["[ptb] reset | workers 2 → 1", "lost 127.0.0.1",
                        *([f"{n} steps of 2 workers rolled back"] if n else []),
@@ -138,10 +144,9 @@ def test_a_lost_worker_shrinks_the_job_which_grows_back_and_finishes(ptb_path, t
 
 
 def test_the_last_worker_lost_ends_the_job_and_resume_continues(ptb_path, two_hosts, tmp_path):
-    out = str(tmp_path / "run")
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
     args = [*ARGS, "--data_path", ptb_path, "--output_dir", out, "--set", "num_epochs=2"]
-    with ended(horovodrun(two_hosts, args)) as job:
-        wait_for(progress_at(out, 1, 40), "progress in epoch 1", job)
+    with paused_at("progress:1:40", two_hosts, args, pause) as job:
         os.kill(worker_pid("localhost", out), signal.SIGKILL)
         os.kill(worker_pid("127.0.0.1", out), signal.SIGKILL)
         rc, output = finish(job, timeout=120)
@@ -160,15 +165,14 @@ def test_a_new_rank_0_keeps_the_checkpoints_saved_before_it(ptb_path, two_hosts,
     """Rank 0's worker lost after epoch 1: the other worker, rank 0 from then on, goes on saving
     checkpoints, and the list on disk still names the one the old rank 0 saved (so it can stand
     in for a damaged newer one); read at the start, before it existed, it would be dropped."""
-    out = str(tmp_path / "run")
-    job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out])
-    with ended(job):
-        wait_for(lambda: os.path.exists(os.path.join(out, "checkpoints", "ckpt-1.index")) and
-                 progress_at(out, 2, 10)(), "progress in epoch 2", job)
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
+    with paused_at("progress:2:10", two_hosts,
+                   [*ARGS, "--data_path", ptb_path, "--output_dir", out], pause) as job:
         first_chief = next(h for h in ("localhost", "127.0.0.1") if chief_is(h, out))
         survivor = "127.0.0.1" if first_chief == "localhost" else "localhost"
         list_hosts(two_hosts, f"{survivor}:1")
         os.kill(worker_pid(first_chief, out), signal.SIGKILL)
+        go_on(pause)
         rc, output = finish(job)
     assert rc == 0, output[-3000:]
     assert [e["epoch"] for e in events(out, "epoch")] == [1, 2, 3]
@@ -184,13 +188,12 @@ def test_a_frozen_worker_is_waited_for_through_the_reset_and_both_go_on(ptb_path
     its peer's collective fails at Gloo's 5 s and it resets, waiting for the driver; the step's
     10 s watchdog no longer ends it there (it did: the frozen worker went on alone). When the
     stopped one goes on, both reset and the job finishes at 2 workers, in one launch."""
-    out = str(tmp_path / "run")
-    job = horovodrun(two_hosts, [*ARGS, "--data_path", ptb_path, "--output_dir", out,
-                                 "--set", "step_timeout_s=10"],
-                     env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
-    with ended(job):
-        wait_for(progress_at(out, 1, 30), "progress in epoch 1", job)
-        frozen_for(worker_pid("127.0.0.1", out), 20)
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
+    with paused_at("progress:1:30", two_hosts,
+                   [*ARGS, "--data_path", ptb_path, "--output_dir", out,
+                    "--set", "step_timeout_s=10"], pause,
+                   env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}) as job:
+        frozen_for(worker_pid("127.0.0.1", out), 20, meanwhile=lambda: go_on(pause))
         rc, output = finish(job)
     assert rc == 0, output[-3000:]
     assert "did not finish in" not in output, output[-3000:]

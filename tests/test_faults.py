@@ -2,7 +2,6 @@
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -10,8 +9,8 @@ import time
 
 import pytest
 
-from tests.helpers import (IS_ROOT, REPO, TINY, finish, mpirun, run_script,
-                           term_once_saved)
+from tests.helpers import (IS_ROOT, REPO, TINY, finish, go_on, kill_job, mpirun, pause_prefix,
+                           run_script, stop_at_pause, wait_for_pause)
 
 
 def snapshot(folder):
@@ -179,67 +178,44 @@ def test_checkpoints_move_between_the_two_scripts(corpus, tmp_path):
     assert ppl[0] == pytest.approx(ppl[1], rel=1e-3)
 
 
-def start_job(args, nranks=2):
+def start_job(args, nranks=2, prefix=()):
     cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
-           "-bind-to", "none", "-np", str(nranks), sys.executable, "lm_ptb_distributed.py", *args]
+           "-bind-to", "none", "-np", str(nranks), sys.executable, *prefix,
+           "lm_ptb_distributed.py", *args]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
 
-def rank_pids(job):
-    """pid of each rank of a running mpirun job, read from the processes' environments."""
-    pids = {}
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-        if ppid == job.pid and b"OMPI_COMM_WORLD_RANK" in env:
-            pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
-    return pids
-
-
-def wait_for_epoch(run_dir, epoch, job, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert job.poll() is None, job.communicate()
-        if os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{epoch}.index")):
-            events = metrics(run_dir)
-            if events and events[-1]["event"] == "progress" and events[-1]["epoch"] > epoch:
-                return  # mid-way through the next epoch
-        time.sleep(0.2)
-    pytest.fail(f"epoch {epoch} did not finish in {timeout} s")
+# Where the fault tests act: 5 steps into epoch 2, both ranks waiting there (tests/pause_at.py)
+IN_EPOCH_2 = "progress:2:5"
 
 
 @pytest.mark.parametrize("how", ["SIGKILL rank 1", "SIGTERM rank 0", "SIGINT mpirun",
                                  "SIGTERM mpirun"])
-def test_fault_stops_the_job_and_resume_continues(how, long_corpus, tmp_path):
-    """Long epochs: on the 83 windows of `corpus` a CI run once finished all its epochs (0.2 s
-    each) before the poll saw epoch 2 begin, so no fault was ever sent."""
-    out = str(tmp_path / "run")
-    args = ["--config", TINY, "--data_path", long_corpus, "--output_dir", out, "--log_every",
+def test_fault_stops_the_job_and_resume_continues(how, corpus, tmp_path):
+    """The fault comes 5 steps into epoch 2 (the ranks wait there for it: tests/pause_at.py);
+    a rank not signalled goes on, into a step its peer never joins."""
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", out, "--log_every",
             "5", "--set", "num_epochs=2"]
-    job = start_job(args)
+    job = start_job(args, prefix=pause_prefix(pause, IN_EPOCH_2))
     try:
-        wait_for_epoch(out, 1, job)
-        pids = rank_pids(job)
+        pids = wait_for_pause(job, pause, count=2)
         assert sorted(pids) == [0, 1]
         started = time.monotonic()
         if how == "SIGKILL rank 1":
             os.kill(pids[1], signal.SIGKILL)
+            go_on(pause)
         elif how == "SIGTERM rank 0":
             os.kill(pids[0], signal.SIGTERM)
-        else:
+            go_on(pause)
+        else:  # mpirun passes it on to both ranks, a second later
             job.send_signal(signal.SIGINT if how == "SIGINT mpirun" else signal.SIGTERM)
         _, stderr = job.communicate(timeout=60)
         assert time.monotonic() - started < 60
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+            kill_job(job)
     assert job.returncode != 0
     if how == "SIGTERM rank 0":
         assert "error: stopped by SIGTERM" in stderr
@@ -290,7 +266,9 @@ def test_full_disk_during_a_save_is_one_line_and_resume_continues(ranks, ptb_pat
         assert "cannot write checkpoint 2" in errors[0] and "No space left" in errors[0]
         assert "{{" not in errors[0] and "[Op:" not in errors[0], errors[0]  # no op names
         assert "ckpt-1, is kept; free space, then rerun with --resume" in errors[0], errors[0]
-        assert all("another rank stopped" in line for line in errors[1:]), errors
+        # the others' lines give no advice of their own beside the failed rank's
+        assert all(line == "error: another rank stopped, so this one stops too (that rank's "
+                   "error says why and what to do)" for line in errors[1:]), errors
         folder = out / "checkpoints"
         assert 'model_checkpoint_path: "ckpt-1"' in (folder / "checkpoint").read_text()
         assert not [f for f in os.listdir(folder) if "_temp" in f]
@@ -365,25 +343,25 @@ def test_resume_skips_a_damaged_newest_checkpoint(ranks, corpus, tmp_path):
 
 
 @pytest.mark.parametrize("frozen", [1, 0], ids=["SIGSTOP rank 1", "SIGSTOP rank 0"])
-def test_a_frozen_rank_ends_the_job_and_resume_continues(frozen, long_corpus, tmp_path):
+def test_a_frozen_rank_ends_the_job_and_resume_continues(frozen, corpus, tmp_path):
     """A stopped rank (a frozen node, a stuck filesystem read) leaves its peer blocked in an
-    allreduce for ever; the peer's step watchdog ends the job instead. Long epochs, so the stop
-    lands in a training step, not in rank 0's evaluation after it."""
-    out = str(tmp_path / "run")
-    args = ["--config", TINY, "--data_path", long_corpus, "--output_dir", out, "--log_every", "5",
+    allreduce for ever; the peer's step watchdog ends the job instead. The rank is stopped 5
+    steps into epoch 2 (both wait there: tests/pause_at.py), and its peer goes on into the next
+    step."""
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", out, "--log_every", "5",
             "--set", "num_epochs=2", "--set", "step_timeout_s=20"]
-    job = start_job(args)
+    job = start_job(args, prefix=pause_prefix(pause, IN_EPOCH_2))
     try:
-        wait_for_epoch(out, 1, job)
-        pids = rank_pids(job)
+        pids = wait_for_pause(job, pause, count=2)
         started = time.monotonic()
         os.kill(pids[frozen], signal.SIGSTOP)
+        go_on(pause)
         _, stderr = job.communicate(timeout=90)
         elapsed = time.monotonic() - started
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)  # ends a stopped process too
-            job.wait()
+            kill_job(job)  # the stopped rank too, in a process group of its own
     assert job.returncode != 0 and 20 <= elapsed < 60, (job.returncode, elapsed, stderr)
     lines = [line for line in stderr.splitlines() if "did not finish" in line]
     assert len(lines) == 1, stderr
@@ -443,25 +421,26 @@ def test_a_rank_frozen_in_the_start_up_ends_the_job(corpus, tmp_path):
 
 
 def test_resuming_with_fewer_steps_per_epoch_than_the_checkpoints_step_is_one_line(
-        long_corpus, tmp_path):
-    """A checkpoint 40 or more steps into an epoch, resumed by 2 ranks whose epochs are now 30
-    steps long: refused as a changed config, and with --change_config every rank says why it
-    cannot go on in one line instead of failing on a name or a division by zero."""
-    out = str(tmp_path / "run")
-    args = ["--config", TINY, "--data_path", long_corpus, "--output_dir", out,
-            "--set", "steps_per_epoch=300", "--set", "checkpoint_every=20", "--log_every", "20"]
-    job = subprocess.Popen([sys.executable, "lm_ptb.py", *args], cwd=REPO, text=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    term_once_saved(job, os.path.join(out, "checkpoints", "steps", "ckpt-40.index"))
+        corpus, tmp_path):
+    """A checkpoint 40 steps into an epoch (the run stopped there: tests/pause_at.py), resumed
+    by 2 ranks whose epochs are now 30 steps long: refused as a changed config, and with
+    --change_config every rank says why it cannot go on in one line instead of failing on a
+    name or a division by zero."""
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
+    args = ["--config", TINY, "--data_path", corpus, "--output_dir", out,
+            "--set", "steps_per_epoch=80", "--set", "checkpoint_every=20", "--log_every", "20"]
+    job = subprocess.Popen([sys.executable, *pause_prefix(pause, "save:1:40"), "lm_ptb.py",
+                            *args], cwd=REPO, text=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+    stop_at_pause(job, pause)
     r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=30"]))
     assert r.returncode != 0 and "error: --resume: the run was trained with other values of " \
-        "steps_per_epoch (steps_per_epoch 300 -> 30); " in r.stderr, r.stderr
+        "steps_per_epoch (steps_per_epoch 80 -> 30); " in r.stderr, r.stderr
     r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=30", "--change_config"]))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    assert re.search(
-        r"error: --resume: the checkpoint is \d+ steps into epoch 1, which now has 30 "
-        r"\(steps_per_epoch=30\); resume with the steps_per_epoch it was saved with, or more",
-        r.stderr), r.stderr
+    assert "error: --resume: the checkpoint is 40 steps into epoch 1, which now has 30 " \
+        "(steps_per_epoch=30); resume with the steps_per_epoch it was saved with, or more" \
+        in r.stderr, r.stderr
     # each rank's error is that one (two ranks' lines can interleave in mpirun's output: only
     # their starts are compared), not a crash on a name or a division by zero
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]

@@ -8,14 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import IS_ROOT, REPO, script_env
+from tests.helpers import IS_ROOT, REPO, run_job, script_env
 
 
 def test_model_fit_with_horovods_callbacks_on_two_ranks(tmp_path):
     cmd = ["mpirun", *(["--allow-run-as-root"] if IS_ROOT else []), "--oversubscribe",
            "-bind-to", "none", "-np", "2", sys.executable, "tests/keras_fit.py", str(tmp_path)]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180,
-                       env=script_env())
+    r = run_job(cmd, 180, cwd=REPO, env=script_env())
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = [json.loads((tmp_path / f"rank{n}.json").read_text()) for n in (0, 1)]
     # the warm-up's promise, by hand: at batch b of epoch e (4 batches an epoch, 2 warm-up

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from utils.checkpoints import Position
+from utils.errors import ConfigError
 from utils.logs import RunLog, load_baseline
 from tests.helpers import REPO, script_env
 
@@ -57,7 +58,7 @@ def test_world_sizes_only_when_asked_and_nothing_to_rebuild_once_the_epoch_has_i
 def test_a_tensorflow_write_error_is_told_without_the_ops_names(tmp_path):
     """(Under tmp_path: a folder in / would fail for other users with "Permission denied".)"""
     import tensorflow as tf
-    from utils.logs import os_reason
+    from utils.errors import os_reason
     missing = tmp_path / "missing"
     with pytest.raises(tf.errors.OpError) as e:
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=[str(missing / "a")],
@@ -211,3 +212,54 @@ def test_the_speedup_of_an_epoch_resumed_inside_it_is_that_of_the_whole_epoch(tm
         in capsys.readouterr().out
     event = read_log(tmp_path / "run")[-1]
     assert (event["steps_run"], event["steps"]) == (250, 1000)
+
+
+@pytest.mark.parametrize("lines, named", [
+    ([{"event": "epoch", "epoch": 1}], "an epoch event whose epoch_time_s ('missing') is not a "
+                                       "positive number"),
+    ([{"event": "epoch", "epoch": 1, "epoch_time_s": "x"}],
+     "an epoch event whose epoch_time_s ('x') is not a positive number"),
+    ([{"event": "epoch", "epoch": 1, "epoch_time_s": 0}],
+     "an epoch event whose epoch_time_s (0) is not a positive number"),
+    ([{"event": "epoch", "epoch": 1, "epoch_time_s": float("inf")}],
+     "an epoch event whose epoch_time_s (inf) is not a positive number"),
+    ([{"event": "epoch", "epoch": "1", "epoch_time_s": 9.0}],
+     "an epoch event whose epoch ('1') is not a positive number"),
+    ([{"event": "epoch", "epoch": 1, "epoch_time_s": 9.0, "steps_run": 5}],
+     "an epoch event whose steps ('missing') is not a positive number"),
+    ([{"event": "epoch", "epoch": 1, "epoch_time_s": 9.0, "steps_run": 0, "steps": 0}],
+     "an epoch event whose steps_run (0), steps (0) are not positive numbers"),
+    ([{"event": "epoch", "epoch": 1, "epoch_time_s": 9.0, "world_size": [1]}],
+     "an epoch event whose world_size ([1]) is not a positive number"),
+    ([{"event": "epoch", "epoch": 1, "epoch_time_s": 9.0, "config": "small"}],
+     "an epoch event whose config is not a mapping ('small')"),
+    ([[1, 2]], "line 1 is not an event of a run's log ('[1, 2]')"),
+    (["{\"event\": \"epoch\"", {"event": "epoch", "epoch": 1, "epoch_time_s": 9.0}],
+     "line 1 is not an event of a run's log ('{\"event\": \"epoch\"')")],
+    ids=["no time", "a time not a number", "a time of 0", "an infinite time",
+         "an epoch not a number", "steps_run without steps", "steps of 0", "world_size a list",
+         "config a string", "a list", "a line cut in the middle"])
+def test_a_baseline_without_its_numbers_is_refused_in_one_line(tmp_path, lines, named):
+    """Each was read on (a KeyError, AttributeError or TypeError at the start, a TypeError after
+    the first epoch with its line lost, or a speed-up of 0.00x or inf): now refused before
+    training, naming the line or the key."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
+                            for line in lines))
+    with pytest.raises(ConfigError) as refused:
+        load_baseline(str(path), CFG)
+    assert str(refused.value) == f"--baseline {path}: {named}; pass the metrics.jsonl of an " \
+        "lm_ptb.py run" + (", as that run wrote it" if "epoch event" in named else ""), \
+        str(refused.value)
+
+
+def test_a_baseline_whose_last_line_was_cut_while_written_is_read_without_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"event": "epoch", "epoch": 1, "epoch_time_s": 9.0}) + "\n"
+                    + '{"event": "epoch", "epo')
+    assert load_baseline(str(path)) == {1: 9.0}
+
+
+def test_a_baseline_epoch_of_a_whole_float_is_read_as_its_number(tmp_path):
+    write_log(tmp_path, [{"event": "epoch", "epoch": 1.0, "epoch_time_s": 9}])
+    assert load_baseline(str(tmp_path / "metrics.jsonl")) == {1: 9}

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 
-from tests.helpers import REPO, TINY, script_env
+from tests.helpers import REPO, TINY, run_job, script_env
 
 COVERED = {
     "make train": "tests/test_readme_commands.py::test_make_train_and_single_bounded",
@@ -121,8 +121,8 @@ def _helper_names(tree):
 
 def code_strings(test):
     """The string constants in the code (not the docstrings, and never the comments) of
-    `path::name`'s function and of every function it calls, in turn, that is one of its own
-    file's, called by its name, or a helper module's (HELPER_MODULES, where tests build their
+    `path::name`'s function and of every function it calls, in turn, their arguments' defaults
+    too, that is one of its own file's, called by its name, or a helper module's (HELPER_MODULES, where tests build their
     mpirun, horovodrun and sbatch commands) that the file imports: by its name, through the
     module (twohosts.f), or a method of a helper's class on `self`. A call of a stdlib or
     package function of the same name (subprocess.run) leads nowhere."""
@@ -140,7 +140,9 @@ def code_strings(test):
         cls = current.split(".")[0] if "." in current else None  # a method's class
         node = functions[current]
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
-        for sub in (sub for part in body for sub in ast.walk(part)):
+        # its arguments' defaults too: a helper's default script is what it runs
+        defaults = [d for d in (*node.args.defaults, *node.args.kw_defaults) if d is not None]
+        for sub in (sub for part in (*defaults, *body) for sub in ast.walk(part)):
             if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                 strings.append(sub.value)
             if not isinstance(sub, ast.Call):
@@ -225,8 +227,7 @@ def test_make_train_and_single_bounded(ptb_path, tmp_path):
     args = ["RUNS=" + str(tmp_path), f"CONFIG={TINY}",
             "ARGS=--set num_epochs=1 --set steps_per_epoch=5 --set eval_steps=2"]
     for target, folder in (("train", "config_tiny-np2"), ("single", "config_tiny-single")):
-        r = subprocess.run(["make", target, *args], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=600)
+        r = run_job(["make", target, *args], 600, cwd=REPO, env=env)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert "[ptb] test ppl" in r.stdout
         assert os.path.exists(os.path.join(tmp_path, folder, "checkpoints", "checkpoint"))

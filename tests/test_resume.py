@@ -1,6 +1,5 @@
 """Resume equals the uninterrupted run, dropout included, and a stop at any point of an epoch
 leaves one line per epoch: real processes, real signals, real checkpoints."""
-import contextlib
 import os
 import shutil
 import signal
@@ -11,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (REPO, TINY, events, horovodrun, list_hosts, mpirun, run_script,
-                           script_env, term_once_saved)
+from tests.helpers import (REPO, TINY, events, horovodrun, kill_job, list_hosts, mpirun,
+                           pause_prefix, paused_python, run_job, run_script, script_env,
+                           stop_at_pause, wait_for_pause, waiting_at)
 
 DROPOUT = ["--config", TINY, "--set", "keep_prob=0.5", "--set", "steps_per_epoch=20",
            "--set", "eval_steps=2", "--seed", "3", "--log_every", "1"]
@@ -155,8 +155,7 @@ def test_momentum_slots_are_the_same_on_every_rank_after_a_resume(corpus, tmp_pa
         cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
                "--oversubscribe", "-bind-to", "none", "-np", "2", sys.executable,
                os.path.join("tests", "momentum_trainer.py"), "lm_ptb_distributed.py", *args]
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240,
-                           env=script_env())
+        r = run_job(cmd, 240, cwd=REPO, env=script_env())
         assert r.returncode == 0, r.stdout + r.stderr
     base = ["--config", TINY, "--data_path", corpus, "--set", "steps_per_epoch=20",
             "--set", "eval_steps=2", "--set", "learning_rate=0.2", "--log_every", "1"]
@@ -174,21 +173,13 @@ def test_momentum_slots_are_the_same_on_every_rank_after_a_resume(corpus, tmp_pa
     assert len(slots) >= 8 and all(abs(reader.get_tensor(n)).max() > 0 for n in slots)
 
 
-def start(args):
-    return subprocess.Popen([sys.executable, "lm_ptb.py", *args], cwd=REPO, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-
-
-def stop_when(job, ready, timeout=120):
-    """SIGTERM the trainer as soon as ready() holds; returns its stderr."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert job.poll() is None, job.communicate()[1]
-        assert time.monotonic() < deadline, "the run never reached the point to stop at"
-        time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)
-    stderr = job.communicate(timeout=60)[1]
+def stopped_at(point, args, pause):
+    """lm_ptb.py with args, stopped by a SIGTERM at `point` (tests/pause_at.py waits there, in
+    the folder `pause`, for the signal); returns its stderr."""
+    job = subprocess.Popen([sys.executable, *pause_prefix(pause, point), "lm_ptb.py", *args],
+                           cwd=REPO, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env=script_env())
+    stderr = stop_at_pause(job, pause)[1]
     assert job.returncode == 128 + signal.SIGTERM, stderr
     return stderr
 
@@ -206,11 +197,9 @@ def test_stop_during_training_resumes_with_one_line_per_epoch(ptb_path, tmp_path
     out = str(tmp_path / "run")
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
             "--set", "steps_per_epoch=60", "--set", "eval_steps=5", "--set", "num_epochs=3"]
-    job = start(args)
-    metrics = os.path.join(out, "metrics.jsonl")
-    stop_when(job, lambda: os.path.exists(metrics) and any(
-        e["epoch"] == 2 and e["step"] >= 20 for e in events(out, "progress")))
+    stopped_at("progress:2:20", args, tmp_path / "pause")
     assert [e["epoch"] for e in events(out, "epoch")] == [1]
+    assert events(out, "progress")[-1]["step"] == 20
     resumed = run_script(["lm_ptb.py", *args, "--resume"], timeout=180)
     resumed.check_returncode()
     one_line_per_epoch(out, 3)
@@ -222,13 +211,8 @@ def test_stop_during_training_resumes_with_one_line_per_epoch(ptb_path, tmp_path
 
 
 FIRST_EPOCH = ["--config", TINY, "--log_every", "5", "--set", "num_epochs=2",
-               "--set", "steps_per_epoch=300", "--set", "eval_steps=5"]
-
-
-def stopped_in_first_epoch(run_dir):
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    return lambda: os.path.exists(metrics) and any(e["epoch"] == 1 and e["step"] >= 10
-                                                   for e in events(run_dir, "progress"))
+               "--set", "steps_per_epoch=60", "--set", "eval_steps=5"]
+IN_FIRST_EPOCH = "progress:1:10"  # where the tests of a stop before the first checkpoint stop
 
 
 def assert_started_afresh_once(run_dir, stdout, epochs=2):
@@ -240,13 +224,13 @@ def assert_started_afresh_once(run_dir, stdout, epochs=2):
     assert steps[0] == 5 and steps == sorted(set(steps)), steps  # the stopped attempt's dropped
 
 
-def test_a_stop_before_the_first_checkpoint_is_rerun_by_the_same_command(long_corpus, tmp_path):
+def test_a_stop_before_the_first_checkpoint_is_rerun_by_the_same_command(corpus, tmp_path):
     """Stopped in its first epoch, a run has a log and no checkpoint: its last line says there
     is none, and the command with --resume (what make, reproduce and Slurm add to a folder that
     holds a run) starts it afresh instead of refusing."""
     out = str(tmp_path / "run")
-    args = [*FIRST_EPOCH, "--data_path", long_corpus, "--output_dir", out]
-    stderr = stop_when(start(args), stopped_in_first_epoch(out))
+    args = [*FIRST_EPOCH, "--data_path", corpus, "--output_dir", out]
+    stderr = stopped_at(IN_FIRST_EPOCH, args, tmp_path / "pause")
     assert not os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
     assert stderr.strip().splitlines()[-1] == (
         f"error: stopped by SIGTERM; no checkpoint was saved yet in {out}/checkpoints: rerun the "
@@ -257,31 +241,26 @@ def test_a_stop_before_the_first_checkpoint_is_rerun_by_the_same_command(long_co
     assert "[ptb] --resume: continuing from" not in r.stdout
 
 
-def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(ptb_path, tmp_path):
-    """One epoch of 2,000 steps of real PTB (about 10 s here): mpirun's SIGTERM must land in it,
-    where the test corpus's 830 steps were once over before it did."""
-    out = str(tmp_path / "run")
+def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(corpus, tmp_path):
+    """mpirun's SIGTERM, passed on to both ranks while they wait at step 10 of the first epoch
+    (tests/pause_at.py)."""
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
     args = ["--config", TINY, "--log_every", "5", "--set", "num_epochs=1",
-            "--set", "steps_per_epoch=2000", "--set", "eval_steps=5", "--data_path", ptb_path,
+            "--set", "steps_per_epoch=60", "--set", "eval_steps=5", "--data_path", corpus,
             "--output_dir", out]
     cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
-           "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
+           "-bind-to", "none", "-np", "2", sys.executable, *pause_prefix(pause, IN_FIRST_EPOCH),
+           "lm_ptb_distributed.py", *args]
     job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, env=script_env())
-    deadline = time.monotonic() + 120
-    while not stopped_in_first_epoch(out)():
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
-        time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)  # mpirun passes it to both ranks
-    stderr = job.communicate(timeout=60)[1]
+                           stderr=subprocess.PIPE, env=script_env(), start_new_session=True)
+    stderr = stop_at_pause(job, pause, count=2)[1]  # mpirun passes it to both ranks
     assert job.returncode != 0
     said = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert said and all("no checkpoint was saved yet" in line for line in said), stderr
     assert "finished epoch's checkpoint" not in stderr
-    # the rerun, shortened to 100 steps (the test took 186 CPU s with 2,000, 27 with 100:
-    # results/stack/ci/resume-three-tests-6fa63a2.log): what it shows, a start afresh
-    # with the stopped attempt's lines dropped, is in its first steps and its epoch line
-    r = mpirun((2, [*args, "--resume", "--set", "steps_per_epoch=100"]))
+    # what the rerun shows, a start afresh with the stopped attempt's lines dropped, is in its
+    # first steps and its epoch line
+    r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
     assert_started_afresh_once(out, r.stdout, epochs=1)
 
@@ -289,30 +268,28 @@ def test_two_ranks_stopped_before_the_first_checkpoint_rerun_under_mpirun(ptb_pa
 def test_make_single_stopped_in_its_first_epoch_continues_with_make_single(ptb_path, tmp_path):
     """What a new user does: `make single`, Ctrl-C (SIGINT to the whole foreground group) in
     the first epoch, `make single` again."""
-    runs = tmp_path / "runs"
+    runs, pause = tmp_path / "runs", tmp_path / "pause"
     make = ["make", "single", f"CONFIG={TINY}", f"RUNS={runs}",
             f"ARGS={' '.join(FIRST_EPOCH[2:])}"]
     env = dict(script_env(), PTB_DATA_PATH=ptb_path)  # `make data` md5-checks it: real PTB
     out = str(runs / "config_tiny-single")
-    job = subprocess.Popen(make, cwd=REPO, env=env, text=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not stopped_in_first_epoch(out)():
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1]
-        time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGINT)
-    stderr = job.communicate(timeout=60)[1]
+    # the trainer waits at step 10 for the Ctrl-C (make's own PY through tests/pause_at.py)
+    job = subprocess.Popen([*make, f"PY={paused_python(pause, IN_FIRST_EPOCH)}"], cwd=REPO,
+                           env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    try:
+        wait_for_pause(job, pause)
+        os.killpg(job.pid, signal.SIGINT)
+        stderr = job.communicate(timeout=60)[1]
+    finally:
+        if job.poll() is None:
+            kill_job(job)
     assert job.returncode != 0 and "error: stopped by SIGINT; no checkpoint was saved yet" \
         in stderr, stderr
-    r = subprocess.run(make, cwd=REPO, env=env, text=True, capture_output=True, timeout=300)
+    r = run_job(make, 300, cwd=REPO, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "--resume" in r.stdout  # make added it: the folder holds a run
     assert_started_afresh_once(out, r.stdout)
-
-
-# 4 s of validation (40 windows of 0.1 s, sleeping), long enough to stop in: the SIGTERM comes
-# as soon as the epoch's checkpoint, which precedes validation, is on disk
-SLOW_VALIDATION = ["--set", "model='tests.slow_model:build_slow_eval'", "--set", "eval_steps=40"]
 
 
 def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
@@ -320,11 +297,10 @@ def test_stop_during_validation_keeps_the_epoch(ptb_path, tmp_path):
     writes the missing epoch line, with the valid perplexity of the saved model."""
     out = str(tmp_path / "run")
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
-            "--set", "steps_per_epoch=30", "--set", "num_epochs=2", *SLOW_VALIDATION]
-    job = start(args)
-    saved = os.path.join(out, "checkpoints", "ckpt-2.index")
-    stop_when(job, lambda: os.path.exists(saved))
-    assert [e["epoch"] for e in events(out, "epoch")] == [1]  # stopped inside validation
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=2", "--set", "eval_steps=5"]
+    stopped_at("validate:2", args, tmp_path / "pause")  # in epoch 2's first valid window
+    assert [e["epoch"] for e in events(out, "epoch")] == [1]
+    assert os.path.exists(os.path.join(out, "checkpoints", "ckpt-2.index"))
     run_script(["lm_ptb.py", *args, "--resume"], timeout=180).check_returncode()
     one_line_per_epoch(out, 2)
     rebuilt = events(out, "epoch")[1]
@@ -340,15 +316,17 @@ def test_two_ranks_stopped_during_validation_log_the_epoch_at_the_resume(ptb_pat
     """The resumed run's rank 0 learns from its log that an epoch lacks its line; it validates
     that epoch, with the saved model, and writes the line, while the other rank waits for it
     (who validates and who waits: test_at_a_resume_the_chief_alone_validates_...)."""
-    out = str(tmp_path / "run")
+    out, pause = str(tmp_path / "run"), tmp_path / "pause"
     args = ["--config", TINY, "--data_path", ptb_path, "--output_dir", out, "--log_every", "5",
-            "--set", "steps_per_epoch=30", "--set", "num_epochs=1", *SLOW_VALIDATION]
+            "--set", "steps_per_epoch=30", "--set", "num_epochs=1", "--set", "eval_steps=5"]
     cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
-           "-bind-to", "none", "-np", "2", sys.executable, "lm_ptb_distributed.py", *args]
+           "-bind-to", "none", "-np", "2", sys.executable, *pause_prefix(pause, "validate:1"),
+           "lm_ptb_distributed.py", *args]
     job = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, env=script_env())
-    term_once_saved(job, os.path.join(out, "checkpoints", "ckpt-1.index"))
-    assert not events(out, "epoch")  # stopped inside validation
+                           stderr=subprocess.PIPE, env=script_env(), start_new_session=True)
+    stop_at_pause(job, pause)  # rank 0 in its first valid window, rank 1 waiting for it
+    assert not events(out, "epoch")
+    assert os.path.exists(os.path.join(out, "checkpoints", "ckpt-1.index"))
     r = mpirun((2, [*args, "--resume"]))
     assert r.returncode == 0, r.stdout + r.stderr
     one_line_per_epoch(out, 1)
@@ -366,16 +344,17 @@ IN_EPOCH = ["--config", TINY, "--set", "steps_per_epoch=60", "--set", "num_epoch
             "--log_every", "1"]
 
 
-def launch(launcher, args, hosts_dir=None, env=None):
+def launch(launcher, args, hosts_dir=None, env=None, prefix=()):
     """lm_ptb.py, lm_ptb_distributed.py on 2 ranks, lm_ptb_tf_distribute.py on 2 workers
     (launch/tf_config.py) or lm_ptb_elastic.py under horovodrun's elastic driver (two "hosts" of
     this machine, as in test_elastic.py: given one host of 2 slots, the job printed nothing for
-    200 s here), in a session of its own (killed whole)."""
+    200 s here), in a session of its own (killed whole). prefix: a runner's path and arguments
+    before the script's (pause_prefix)."""
     if launcher == "elastic":
         list_hosts(hosts_dir / "hosts.txt", "localhost:1", "127.0.0.1:1")
-        return horovodrun(hosts_dir / "hosts.txt", args, env=env)
+        return horovodrun(hosts_dir / "hosts.txt", args, env=env, prefix=prefix)
     script = {"2 ranks": "lm_ptb_distributed.py", "tf.distribute": "lm_ptb_tf_distribute.py"}
-    cmd = [sys.executable, script.get(launcher, "lm_ptb.py"), *args]
+    cmd = [sys.executable, *prefix, script.get(launcher, "lm_ptb.py"), *args]
     if launcher == "2 ranks":
         cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
                "--oversubscribe", "-bind-to", "none", "-np", "2", *cmd]
@@ -385,29 +364,23 @@ def launch(launcher, args, hosts_dir=None, env=None):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def kill_when(job, ready, timeout=150):
-    """SIGKILL the job's whole session (mpirun and every rank: a machine taken away) as soon as
-    ready() holds."""
-    deadline = time.monotonic() + timeout
+PROCESSES = {"one process": 1, "2 ranks": 2, "tf.distribute": 2, "elastic": 2}
+
+
+def killed_at(point, launcher, args, pause, hosts_dir=None, env=None):
+    """Start the run, then SIGKILL its whole session (the launcher and every process: a machine
+    taken away) while it waits at `point` (tests/pause_at.py, its files in `pause`)."""
+    job = launch(launcher, args, hosts_dir, env, prefix=pause_prefix(pause, point))
     try:
-        while not ready():
-            assert job.poll() is None, job.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "the run never reached the point to kill it at"
-            time.sleep(0.05)
+        wait_for_pause(job, pause, count=waiting_at(point, PROCESSES[launcher]))
     finally:  # the whole group, though mpirun has gone: a rank may outlive it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        kill_job(job)
 
 
-def kill_inside_the_epoch(launcher, args, run_dir):
-    """Start the run, then kill it once it has saved a checkpoint inside its epoch (step 20)
-    and gone on past it."""
-    saved = os.path.join(run_dir, "checkpoints", "steps", "ckpt-20.index")
-    kill_when(launch(launcher, args), lambda: os.path.exists(saved) and any(
-        e["step"] >= 25 for e in events(run_dir, "progress")))
-    steps = [e["step"] for e in events(run_dir, "progress")]
-    assert steps[-1] < 60, "the run ended before it was killed"
+def kill_inside_the_epoch(launcher, args, run_dir, pause):
+    """Kill the run 5 steps after its checkpoint inside the epoch (step 20)."""
+    killed_at("progress:1:25", launcher, args, pause)
+    assert [e["step"] for e in events(run_dir, "progress")][-1] == 25
 
 
 def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(ptb_path,
@@ -416,7 +389,8 @@ def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(pt
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     args = [*IN_EPOCH, "--data_path", ptb_path, "--set", "keep_prob=0.5"]
     run(0, [*args, "--output_dir", whole])
-    kill_inside_the_epoch("one process", [*args, "--output_dir", split], split)
+    kill_inside_the_epoch("one process", [*args, "--output_dir", split], split,
+                          tmp_path / "pause")
     run(0, [*args, "--output_dir", split, "--resume"])
     assert len(losses(whole, 1)) == 60
     assert [e["step"] for e in events(split, "progress")] == list(range(1, 61))
@@ -426,7 +400,7 @@ def test_resume_inside_an_epoch_gives_the_uninterrupted_losses_in_one_process(pt
     # the resumed epoch's time is that of the steps after its checkpoint, and says so (the
     # tables scale it); the whole run's is that of all its steps
     resumed = events(split, "epoch")[-1]
-    assert resumed["steps"] == 60 and resumed["steps_run"] in (40, 20), resumed
+    assert resumed["steps"] == 60 and resumed["steps_run"] == 40, resumed
     assert "steps_run" not in events(whole, "epoch")[-1]
 
 
@@ -437,7 +411,7 @@ def test_resume_inside_an_epoch_with_2_or_4_ranks_gives_the_2_rank_losses(ptb_pa
     whole, split, four = (str(tmp_path / name) for name in ("whole", "split", "four"))
     args = [*IN_EPOCH, "--data_path", ptb_path]
     run(2, [*args, "--output_dir", whole])
-    kill_inside_the_epoch("2 ranks", [*args, "--output_dir", split], split)
+    kill_inside_the_epoch("2 ranks", [*args, "--output_dir", split], split, tmp_path / "pause")
     shutil.copytree(split, four)
     run(2, [*args, "--output_dir", split, "--resume"])
     run(4, [*args, "--output_dir", four, "--resume"])
@@ -458,9 +432,10 @@ def test_a_new_run_saves_inside_its_first_epoch_before_its_first_log_line(launch
     whole, out = tmp_path / "whole", tmp_path / "new" / "run"
     job = launch(launcher, [*args, "--output_dir", str(whole)], tmp_path)
     assert job.wait(timeout=300) == 0, job.communicate()[0][-3000:]
-    saved = out / "checkpoints" / "steps" / "checkpoint"  # written last, when a save is whole
-    kill_when(launch(launcher, [*args, "--output_dir", str(out)], tmp_path), saved.exists)
-    assert not os.path.exists(out / "metrics.jsonl") or not events(out, "epoch"), "not killed"
+    killed_at("save:1:3", launcher, [*args, "--output_dir", str(out)], tmp_path / "pause",
+              tmp_path)
+    assert (out / "checkpoints" / "steps" / "checkpoint").exists()  # written last: a whole save
+    assert not os.path.exists(out / "metrics.jsonl"), "a log line came before the kill"
     job = launch(launcher, [*args, "--output_dir", str(out), "--resume"], tmp_path)
     assert job.wait(timeout=300) == 0, job.communicate()[0][-3000:]
     assert [e["epoch"] for e in events(out, "epoch")] == [1]
@@ -482,10 +457,10 @@ def test_at_a_resume_the_chief_alone_validates_the_cut_epoch_and_the_others_wait
             "--set", "steps_per_epoch=30", "--set", "num_epochs=2", "--set", "eval_steps=40",
             "--set", "model='tests.slow_model:build_recorded'"]
     env = {"PTB_TEST_CALLS": str(calls)}
-    # the epoch ends' pointer file, written last, when ckpt-1 is whole: a kill at ckpt-1.index
-    # alone may leave the resume only the step checkpoints to go on from
-    saved = os.path.join(out, "checkpoints", "checkpoint")
-    kill_when(launch(launcher, args, tmp_path, env), lambda: os.path.exists(saved))
+    # killed once the chief has saved ckpt-1 (whole, its pointer file written last), before it
+    # validates
+    killed_at("save:1", launcher, args, tmp_path / "pause", tmp_path, env)
+    assert "ckpt-1" in open(os.path.join(out, "checkpoints", "checkpoint")).read()
     # a rank in a process group of its own outlives the session's SIGKILL: the machine is gone
     deadline = time.monotonic() + 30
     while subprocess.run(["pkill", "-KILL", "-f", out]).returncode == 0:

@@ -3,11 +3,12 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
 from tests import slurm
-from tests.helpers import REPO, TINY, events
+from tests.helpers import REPO, TINY, events, go_on, paused_python, wait_for_pause
 
 
 @pytest.fixture(scope="module")
@@ -24,36 +25,31 @@ def cluster(tmp_path_factory):
 def submit(cluster, ptb_path, out, job_log, extra_env, *trainer_args):
     """sbatch launch/slurm.sbatch with 2 tasks on the tiny config; returns the job id."""
     env = dict(cluster.env, CONFIG=TINY, PTB_DATA_PATH=ptb_path, OUTPUT_DIR=out,
-               PYTHON=sys.executable, PYTHONUNBUFFERED="1", **extra_env)
+               PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    env.update(extra_env)
     r = cluster.run("sbatch", "--parsable", "-n", "2", f"--output={job_log}",
                     "launch/slurm.sbatch", "--log_every", "5", *trainer_args, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
 
 
-def wait_for_checkpoint_then_more(run_dir, cluster, job, epoch, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert cluster.state(job) in ("PENDING", "RUNNING"), cluster.logs()
-        if os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{epoch}.index")):
-            progress = events(run_dir, "progress")
-            if progress and progress[-1]["epoch"] > epoch:
-                return
-        time.sleep(0.3)
-    pytest.fail(f"epoch {epoch} did not finish in {timeout} s")
-
-
 def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(cluster, ptb_path,
                                                                            tmp_path):
     out, job_log = str(tmp_path / "run"), str(tmp_path / "job.out")
-    # Epochs of 600 steps (real PTB): the TERM sent a few steps into epoch 2 must land in it.
-    # On the 60-step epochs of the small test corpus a loaded machine once let epoch 2 end first.
-    job = submit(cluster, ptb_path, out, job_log, {}, "--set", "num_epochs=3",
-                 "--set", "steps_per_epoch=600", "--set", "eval_steps=10")
-
-    wait_for_checkpoint_then_more(out, cluster, job, epoch=1)
+    # the TERM comes 5 steps into epoch 2, where both tasks wait for it (tests/pause_at.py
+    # through the script's PYTHON)
+    pause = tmp_path / "pause"
+    trained = ["--set", "num_epochs=3", "--set", "steps_per_epoch=60", "--set", "eval_steps=10"]
+    job = submit(cluster, ptb_path, out, job_log,
+                 {"PYTHON": paused_python(pause, "progress:2:5")}, *trained)
+    # what wait_for_pause asks of a process, asked of the Slurm job
+    running = types.SimpleNamespace(
+        poll=lambda: None if cluster.state(job) in ("PENDING", "RUNNING") else 1,
+        communicate=lambda: open(job_log).read() + cluster.logs())
+    wait_for_pause(running, pause, count=2)
     assert cluster.run("scancel", "--signal=TERM", job).returncode == 0
     assert cluster.wait(job, ("FAILED", "COMPLETED", "CANCELLED"), timeout=60) == "FAILED"
+    go_on(pause)  # the requeued job, through the same PYTHON, goes by
     stopped = open(job_log).read()
     assert "error: stopped by SIGTERM" in stopped and "Traceback" not in stopped, stopped
     assert not [f for f in os.listdir(os.path.join(out, "checkpoints")) if "_temp" in f]
@@ -83,13 +79,11 @@ def test_sbatch_trains_with_2_tasks_stops_on_scancel_and_requeue_continues(clust
     # the script adds --resume to a folder that holds a run, so another dropout for the same
     # folder is refused in one line, as by `make train`; the same job again is told it is done
     refused_log, done_log = str(tmp_path / "refused.out"), str(tmp_path / "done.out")
-    job = submit(cluster, ptb_path, out, refused_log, {}, "--set", "num_epochs=3",
-                 "--set", "steps_per_epoch=600", "--set", "eval_steps=10", "--set", "keep_prob=0.5")
+    job = submit(cluster, ptb_path, out, refused_log, {}, *trained, "--set", "keep_prob=0.5")
     assert cluster.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=240) == "FAILED"
     assert "error: --resume: the run was trained with other values of keep_prob (keep_prob " \
         "1.0 -> 0.5); " in open(refused_log).read(), open(refused_log).read()
-    job = submit(cluster, ptb_path, out, done_log, {}, "--set", "num_epochs=3",
-                 "--set", "steps_per_epoch=600", "--set", "eval_steps=10")
+    job = submit(cluster, ptb_path, out, done_log, {}, *trained)
     assert cluster.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=240) == "COMPLETED"
     assert f"--resume: the run in {out} is finished: 3 epochs" in open(done_log).read()
     assert events(out, "epoch") == epochs

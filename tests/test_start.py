@@ -16,13 +16,20 @@ from tests.helpers import REPO, script_env
 # Scripts that are not started by a user with .venv's Python: their own venv (torch, no
 # TensorFlow), or a relay the other scripts start with the Python they run under.
 NOT_VENV_SCRIPTS = {"scripts/peer_pytorch.py": "runs in .venv-peer (make peer)",
-                    "scripts/twohosts.py": "started by the scripts that use it, as a relay"}
+                    "scripts/twohosts.py": "started by the scripts that use it, as a relay",
+                    "scripts/horovod_wheel_check.py": "the standard library alone: it makes "
+                                                      "the venv it checks",
+                    "scripts/horovod_wheel_fit.py": "runs in the venv horovod_wheel_check.py "
+                                                    "makes (its numpy missing: one line)"}
 
 
 def entry_points():
-    """Every script with a __main__ block at the top and under scripts/ (not its probes)."""
+    """Every script with a __main__ block at the top, under scripts/ and its folders (not its
+    probes)."""
     found = []
-    for path in sorted(glob.glob("*.py", root_dir=REPO) + glob.glob("scripts/*.py", root_dir=REPO)):
+    for path in sorted(glob.glob("*.py", root_dir=REPO) + glob.glob("scripts/*.py", root_dir=REPO)
+                       + [name for name in glob.glob("scripts/*/*.py", root_dir=REPO)
+                          if not name.startswith("scripts/probes/")]):
         with open(os.path.join(REPO, path)) as f:
             tree = ast.parse(f.read())
         if path not in NOT_VENV_SCRIPTS and any(
@@ -49,7 +56,8 @@ def test_a_python_without_tensorflow_or_horovod_stops_every_script_in_one_line()
     python = python_without_tensorflow()
     scripts = entry_points()
     assert {"lm_ptb.py", "lm_ptb_distributed.py", "lm_ptb_elastic.py", "lm_ptb_tf_distribute.py",
-            "evaluate.py", "scripts/benchmark.py", "scripts/results.py"} <= set(scripts), scripts
+            "evaluate.py", "scripts/bench/full.py", "scripts/results/build.py"} <= set(scripts), \
+        scripts
     wrong = []
     for script in scripts:
         r = subprocess.run([python, script, "--help"], cwd=REPO, capture_output=True, text=True,
@@ -69,6 +77,20 @@ def test_a_python_without_tensorflow_or_horovod_stops_every_script_in_one_line()
     assert (r.returncode, r.stdout) == (1, ""), r.stdout + r.stderr
     assert r.stderr == "error: .venv has no horovod: run `make setup` again, which installs it " \
                        "there\n", r.stderr
+
+
+def test_readmes_mpirun_line_under_a_python_without_tensorflow_is_one_line_for_the_job():
+    """README's `mpirun -np 2 python lm_ptb_distributed.py ...` typed with the system's Python:
+    each rank printed the line (two, the same); rank 0 now says it for the job, exit 2."""
+    python = python_without_tensorflow()
+    r = subprocess.run(["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+                        "--oversubscribe", "-np", "2", python, "lm_ptb_distributed.py",
+                        "--config", "config_small"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env=script_env())
+    assert r.returncode != 0, r
+    said = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert said == [f"error: {python} has no tensorflow: start the scripts with .venv/bin/python "
+                    "(or after `. .venv/bin/activate`), which `make setup` makes"], r.stderr
 
 
 # In a process of its own, without the variables the tests' conftest sets: utils and its modules

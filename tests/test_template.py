@@ -9,9 +9,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from tests.helpers import REPO, TINY, checkpoint_weights, events, run_script, script_env
+from tests.helpers import REPO, TINY, checkpoint_weights, events, run_job, run_script, script_env
 from tests.test_distributed import EQUIV_SET
+from tests.test_faults import assert_error_line
 
 
 def code_lines(path):
@@ -56,8 +58,7 @@ def test_the_required_steps_alone_apply_to_lm_ptb_and_train_two_ranks_as_one_pro
     cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe",
            "-bind-to", "none", "-np", "2", sys.executable, str(minimal), *common,
            "--output_dir", str(dist)]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180,
-                       env=dict(script_env(), PYTHONPATH=REPO))
+    r = run_job(cmd, 180, cwd=REPO, env=dict(script_env(), PYTHONPATH=REPO))
     assert r.returncode == 0, r.stdout + r.stderr
     # rank 0 logs its own rows' loss (the average over ranks is beyond the minimum), so the
     # training is compared by what it made: the weights, and the valid perplexity of each epoch
@@ -68,3 +69,27 @@ def test_the_required_steps_alone_apply_to_lm_ptb_and_train_two_ranks_as_one_pro
         np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5, err_msg=name)
     valid = [[e["valid_ppl"] for e in events(path, "epoch")] for path in (single, dist)]
     assert len(valid[0]) == 2 and np.allclose(valid[1], valid[0], rtol=1e-4)
+
+
+@pytest.mark.parametrize("keras", ["3", "2"])
+def test_a_copy_without_create_slots_stops_at_the_broadcast_in_one_line(keras, corpus, tmp_path):
+    """The broadcast sends only the optimizer state that exists, and Keras makes it at the first
+    step: a copy of the trainer without lm_ptb.py's create_slots line (one that swaps in its
+    own checkpointing, say) stops there in one line instead of leaving the step counter and
+    the slots out. One process: Horovod's broadcast runs on one rank too."""
+    with open(os.path.join(REPO, "lm_ptb_distributed.py")) as f:
+        source = f.read()
+    call = "    create_slots(optimizer, model.trainable_variables)\n"
+    assert source.count(call) == 1
+    copy = tmp_path / "my_trainer.py"
+    copy.write_text(source.replace(call, ""))
+    r = subprocess.run([sys.executable, str(copy), "--config", TINY, "--data_path", corpus,
+                        "--output_dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=180,
+                       env=dict(script_env({"PTB_KERAS": keras}), PYTHONPATH=REPO))
+    assert_error_line(r.returncode, r.stderr,
+                      "the optimizer's state (its step counter and slots) is not made yet, so "
+                      "the broadcast from rank 0 would leave it out and the ranks would train "
+                      "apart; call create_slots(optimizer, model.trainable_variables) before it",
+                      r.stdout + r.stderr)
+    assert not (tmp_path / "run" / "checkpoints").exists()

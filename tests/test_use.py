@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -299,26 +300,26 @@ def test_tensorboard_serves_the_runs_scalars(trained):
 
 
 def test_perplexity_scores_the_newest_checkpoint_in_the_precision_it_was_trained_in(
-        long_corpus, tmp_path):
+        corpus, tmp_path):
     """A run whose precision changed at a resume (--change_config): evaluate.py takes bf16 from
     the checkpoint's own config, not fp32 from the run's first log line, and gives the run's
     own test perplexity. Stopped inside a later epoch, it names the step checkpoint it scores;
     a checkpoint from before checkpoints held their config is scored with the run's newest
     logged one."""
     import shutil
-    from tests.helpers import run_script, term_once_saved
+    from tests.helpers import pause_prefix, run_script, stop_at_pause
     run = str(tmp_path / "run")
-    base = ["lm_ptb.py", "--config", TINY, "--data_path", long_corpus, "--output_dir", run,
+    base = ["lm_ptb.py", "--config", TINY, "--data_path", corpus, "--output_dir", run,
             "--set", "steps_per_epoch=40", "--set", "eval_steps=5", "--set", "checkpoint_every=15"]
     assert run_script([*base, "--set", "num_epochs=1"]).returncode == 0
     r = run_script([*base, "--set", "num_epochs=2", "--set", "precision='bf16'", "--resume",
                     "--change_config"])
     assert r.returncode == 0, r.stderr
 
-    def perplexity(run_dir):
+    def perplexity(run_dir):  # the timeout bounds a hang: one outgrew 120 s beside 2 busy loops
         r = subprocess.run([sys.executable, "evaluate.py", "perplexity", "--run", str(run_dir),
-                            "--data_path", long_corpus, "--eval_steps", "5"], cwd=REPO,
-                           capture_output=True, text=True, timeout=120)
+                            "--data_path", corpus, "--eval_steps", "5"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         return r.stdout.strip()
     test_ppl = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))][-1]
@@ -333,11 +334,17 @@ def test_perplexity_scores_the_newest_checkpoint_in_the_precision_it_was_trained
     shutil.copytree(run, old)
     edit_checkpoint_config(str(old / "checkpoints" / "ckpt-2"), None)
     assert perplexity(old) == out
-    # stopped in epoch 3 right after its step checkpoint: that one is the newest, and scored
-    job = subprocess.Popen([sys.executable, *base, "--set", "num_epochs=3",
-                            "--set", "precision='bf16'", "--resume"], cwd=REPO, text=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=script_env())
-    term_once_saved(job, os.path.join(run, "checkpoints", "steps", "ckpt-95.index"))
+    # stopped in epoch 3 right after its step checkpoint (tests/pause_at.py waits there for the
+    # signal): that one is the newest, and scored
+    pause = tmp_path / "pause"
+    job = subprocess.Popen([sys.executable, *pause_prefix(pause, "save:3:15"), *base,
+                            "--set", "num_epochs=3", "--set", "precision='bf16'", "--resume"],
+                           cwd=REPO, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env=script_env())
+    stderr = stop_at_pause(job, pause)[1]
+    assert job.returncode == 128 + signal.SIGTERM and stderr.strip().endswith(
+        f"error: stopped by SIGTERM; the newest checkpoint, {run}/checkpoints/steps/ckpt-95, "
+        "is kept: rerun with --resume to continue from it"), stderr
     assert perplexity(run).endswith("| checkpoint steps/ckpt-95, epoch 3 step 15 | precision "
                                     "bf16 (the run's)")
     # newest by where the training stood, not by the files' times: a copy that left the epoch

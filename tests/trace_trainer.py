@@ -5,7 +5,6 @@ launcher. The events: `train N` (epoch N's steps), `save N` (the checkpoint of N
 checkpoint and evaluation, as the step watchdog is told of it). Each line starts with this
 process's rank as its launcher numbers it; the trainer runs unchanged but for the recording.
 """
-import json
 import os
 import sys
 
@@ -13,22 +12,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import utils  # noqa: E402  the Keras before TensorFlow, as every script does
 utils.import_tensorflow()  # as the trainer it runs starts it, before the modules below
 from utils import checkpoints, logs, loop, watchdog  # noqa: E402
-from tests.helpers import run_runner  # noqa: E402
-
-
-def rank():
-    for name in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK"):
-        if name in os.environ:
-            return int(os.environ[name])
-    if os.environ.get("TF_CONFIG"):
-        return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
-    return 0
+from tests.helpers import launcher_rank, run_runner  # noqa: E402
 
 
 def recorder(path):
     def record(event):
         with open(path, "a") as f:
-            f.write(f"{rank()} {event}\n")
+            f.write(f"{launcher_rank()} {event}\n")
     return record
 
 

@@ -34,6 +34,20 @@ SETUP_PACKAGES = ("tensorflow", "horovod", "numpy", "keras", "tf_keras", "matplo
                   "tensorboard")
 
 
+# Where launchers put a process's rank, for the lines said before the trainer knows it from
+# Horovod (or its strategy), or knows the packages are there: Open MPI's mpirun, Slurm's srun
+# with PMIx (or PMI-2, MPICH's and Intel MPI's mpiexec), horovodrun without MPI.
+LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK")
+
+
+def launcher_rank():
+    """This process's rank as its launcher gave it (LAUNCHER_RANKS); None without a launcher."""
+    for name in LAUNCHER_RANKS:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return None
+
+
 def _setup_line(package):
     venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv")
     if os.path.realpath(sys.prefix) == os.path.realpath(venv):  # .venv's own, set up wrong
@@ -48,8 +62,9 @@ def _missing_package_hook(previous):
     def hook(kind, error, trace):
         package = (getattr(error, "name", None) or "").partition(".")[0]
         if issubclass(kind, ModuleNotFoundError) and package in SETUP_PACKAGES:
-            sys.stderr.write(_setup_line(package) + "\n")
-            sys.stderr.flush()
+            if launcher_rank() in (None, 0):  # each rank has it: rank 0 says it for the job
+                sys.stderr.write(_setup_line(package) + "\n")
+                sys.stderr.flush()
         else:
             previous(kind, error, trace)
     hook.names_setup = True
@@ -63,7 +78,8 @@ def require_setup():
     if not getattr(sys.excepthook, "names_setup", False):
         sys.excepthook = _missing_package_hook(sys.excepthook)
     if importlib.util.find_spec("tensorflow") is None:
-        sys.stderr.write(_setup_line("tensorflow") + "\n")
+        if launcher_rank() in (None, 0):  # each rank has it: rank 0 says it for the job
+            sys.stderr.write(_setup_line("tensorflow") + "\n")
         sys.exit(2)
 
 

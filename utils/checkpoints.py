@@ -14,16 +14,14 @@ import sys
 from typing import NamedTuple
 
 import tensorflow as tf
-# The pointer file's format, parsed and written as TensorFlow's CheckpointManager does (it has
-# no public parser that says why a file does not parse)
-from google.protobuf import text_format
-from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
 
 from data import ptb
 from utils import config
-from utils.errors import ConfigError, OutputError
-from utils.logs import IN_EPOCH, PREFIX, RUN, first_line, newest_checkpoint, os_reason, parse_line
-from utils.optimizers import KERAS3, create_slots
+from utils.errors import ConfigError, OutputError, first_line, os_reason
+from utils.logs import PREFIX, parse_line
+from utils.optimizers import KERAS3
+from utils.pointers import (IN_EPOCH, checkpoint_files, checkpoint_folder, listed,
+                            newest_checkpoint, pointer_damage, write_pointer)
 from utils.signals import signals_deferred
 
 VOCAB_FILE = "vocab.txt"  # beside the checkpoints: the words of the model's ids
@@ -83,7 +81,6 @@ class Checkpoints:
         saved in every checkpoint and checked at a resume."""
         self.output_dir = output_dir
         self.cfg = cfg if seed is None else dict(cfg, seed=seed)
-        create_slots(optimizer, model.trainable_variables)  # restored, then broadcast, with it
         self.vocab = corpus.vocab
         self.data_path = corpus.path
         self.vocab_path = os.path.join(output_dir, VOCAB_FILE)
@@ -100,11 +97,10 @@ class Checkpoints:
         # in_epoch) still loads, and must match in everything else.
         self._core = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                          epochs_done=self.epochs_done)
-        self.folder = os.path.join(output_dir, "checkpoints")
+        self.folder = checkpoint_folder(output_dir)
         self.keep = keep
         self.reread()
         self.restored = self.restored_config = None  # a resume's checkpoint and its config
-        RUN["checkpoints"] = self.folder  # for the stop messages: logs.kept_text()
 
     def reread(self):
         """The lists of checkpoints on disk, read anew. Each manager reads its folder's list once
@@ -137,12 +133,13 @@ class Checkpoints:
                 self._refuse_dropping_logged_epochs()
                 print(f"{PREFIX} --resume: no checkpoint in {self.folder} yet, so this run "
                       "starts afresh", flush=True)
+                # a damaged pointer beside no checkpoint kept its manager from being made: the
+                # first save would fail after an epoch's training
+                self._rewrite_damaged_pointers()
                 os.makedirs(self.output_dir, exist_ok=True)
                 self._record_data_path()
                 return Position(0)
-            position = self.restore_latest(candidates)
-            changed = config.check_resume(self.restored_config, self.cfg, change_config)
-            position = self._check_schedule(position)
+            position, changed = self.restore_latest(candidates, change_config)
             self._rewrite_damaged_pointers()
             self._record_data_path()  # the folder it trains on now, if the corpus moved
             if changed:
@@ -207,7 +204,9 @@ class Checkpoints:
 
     def _events(self):
         try:
-            with open(os.path.join(self.output_dir, "metrics.jsonl")) as f:
+            # a byte that is not UTF-8 spoils its line alone, as a line cut short does
+            with open(os.path.join(self.output_dir, "metrics.jsonl"), encoding="utf-8",
+                      errors="replace") as f:
                 return [e for e in map(parse_line, f) if e]
         except OSError:
             return []
@@ -222,7 +221,9 @@ class Checkpoints:
                               f"than num_epochs={wanted}; resume with num_epochs="
                               f"{done + bool(position.step)} or more, or evaluate it as it is "
                               "(evaluate.py perplexity)")
-        tests = [e for e in self._events() if e.get("event") == "test"]
+        # the test of the model resumed from: one of a later epoch (its checkpoint deleted or
+        # damaged since) scored another model
+        tests = [e for e in self._events() if e.get("event") == "test" and e.get("epoch") == done]
         if done == wanted and tests:
             print(f"{PREFIX} --resume: the run in {self.output_dir} is finished: {done} epoch{'s' * (done != 1)}, "
                   f"test ppl {tests[-1]['test_ppl']:.2f}; to train it further give a larger "
@@ -282,13 +283,16 @@ class Checkpoints:
             for path in glob.glob(os.path.join(folder, "*_temp*")):
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
-    def restore_latest(self, candidates):
+    def restore_latest(self, candidates, change_config=False):
         """Restore the newest of the checkpoints `candidates` (newest_first) that loads; returns
-        its Position, and keeps its path and config (restored, restored_config). A damaged one
-        (a file cut short or overwritten, say) is named in a warning and skipped for the one
-        before it: every read of a checkpoint is in this one loop, the checks that must come
-        before restoring it too (its Keras, fp16's loss scale), so they are made on the one that
-        is restored. One saved for another model size stops with the config to use."""
+        its Position and the line of what changed in the config since (config.check_resume,
+        None if nothing did), and keeps its path and config (restored, restored_config). A
+        damaged one (a file cut short or overwritten, say) is named in a warning and skipped for
+        the one before it: every read of a checkpoint is in this one loop, and every check of
+        the one read (its Keras and fp16's loss scale before the restore; the config and the
+        schedule after it), so that they are made on the one restored, and a refusal comes
+        after "reading it instead", never after "resuming from it". One saved for another model
+        size stops with the config to use."""
         damaged = []
         for path in candidates:  # newest first
             try:
@@ -299,6 +303,8 @@ class Checkpoints:
                 # the in-epoch values are read just below, not by _core: no warning about them
                 self._core.restore(path).assert_existing_objects_matched().expect_partial()
                 tf.train.Checkpoint(in_epoch=self.in_epoch).restore(path).expect_partial()
+                changed = config.check_resume(saved, self.cfg, change_config)
+                position = self._check_schedule(self.position(path))
             except ConfigError:
                 warn_damaged(damaged, f"reading {path} instead")
                 raise
@@ -314,7 +320,7 @@ class Checkpoints:
                 continue
             warn_damaged(damaged, f"resuming from {path}")
             self.restored, self.restored_config = path, saved
-            return self.position(path)
+            return position, changed
         raise ConfigError(f"--resume: no checkpoint in {self.folder} loads (damaged: "
                           f"{', '.join(os.path.basename(p) for p, _ in damaged)}); start afresh "
                           "in another --output_dir or "
@@ -344,8 +350,8 @@ def newest_first(folder):
     a copy of the run folder changes. One that cannot be read (damaged) keeps its place by its
     name: an epoch end is numbered by its epochs done, a save inside an epoch by the optimizer's
     step, which the epoch's steps (read from a checkpoint that has them) turn into a place."""
-    ends = _listed(folder)
-    inside = _listed(os.path.join(folder, IN_EPOCH))
+    ends = listed(folder)
+    inside = listed(os.path.join(folder, IN_EPOCH))
     recorded = {path: _position(path) for path in ends + inside}
     steps = _steps_per_epoch(recorded)
 
@@ -357,88 +363,6 @@ def newest_first(folder):
             return number, 0
         return divmod(number, steps) if steps else (0, number)
     return sorted(ends + inside, key=where, reverse=True)
-
-
-POINTER = "checkpoint"  # the file in a checkpoint folder that lists its checkpoints
-CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)\.index$")  # a checkpoint's index: ckpt-N.index
-
-
-def _listed(folder):
-    """The checkpoints the pointer file in `folder` lists, oldest first ([] without one). Where
-    the pointer is damaged, or missing beside checkpoints, a warning line names it and the
-    checkpoints are taken by their files (each is read whole or skipped as damaged after)."""
-    damage = pointer_damage(folder)
-    if damage:
-        found = checkpoint_files(folder)
-        print(f"warning: {os.path.join(folder, POINTER)} {damage}; taking the checkpoints there "
-              f"by their files instead: {', '.join(map(os.path.basename, found)) or 'none'}",
-              file=sys.stderr, flush=True)
-        return found
-    state = _read_pointer(folder)
-    if state is None:
-        return []
-    names = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    return [os.path.join(folder, name) for name in names]  # as TensorFlow reads them
-
-
-def _read_pointer(folder):
-    """The pointer file of `folder` parsed as TensorFlow does (a CheckpointState); None without
-    one. Raises ValueError (or OSError) saying what is wrong with a damaged one."""
-    try:
-        with open(os.path.join(folder, POINTER), "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    if not raw.strip():
-        raise ValueError("is empty")
-    try:
-        state = text_format.Merge(raw.decode("utf-8"), CheckpointState())
-    except UnicodeDecodeError:
-        raise ValueError("is not text") from None
-    except text_format.ParseError as e:
-        raise ValueError(f"does not parse ({first_line(e)})") from None
-    if not state.model_checkpoint_path:
-        raise ValueError("names no checkpoint")
-    return state
-
-
-def pointer_damage(folder):
-    """What is wrong with the pointer file of `folder`, for a line ("is empty", say); None if it
-    reads, or if there is neither a pointer nor a checkpoint there."""
-    try:
-        if _read_pointer(folder) is not None or not checkpoint_files(folder):
-            return None
-        return "is missing beside checkpoints"
-    except ValueError as e:
-        return str(e)
-    except OSError as e:
-        return f"cannot be read ({os_reason(e)})"
-
-
-def checkpoint_files(folder):
-    """The checkpoints in `folder` by their index files, oldest (lowest number) first."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    numbers = sorted(int(m.group(1)) for m in map(CHECKPOINT_FILE.match, names) if m)
-    return [os.path.join(folder, f"ckpt-{n}") for n in numbers]
-
-
-def write_pointer(folder, paths):
-    """The pointer file of `folder` listing the checkpoints `paths` (oldest first) as
-    TensorFlow's manager writes it: their names, each with its index file's time, all after the
-    last preserved time, so that the manager keeps counting them; without any, no pointer."""
-    target = os.path.join(folder, POINTER)
-    if not paths:
-        os.remove(target)
-        return
-    times = [os.path.getmtime(p + ".index") for p in paths]
-    names = [os.path.basename(p) for p in paths]
-    state = CheckpointState(model_checkpoint_path=names[-1], all_model_checkpoint_paths=names,
-                            all_model_checkpoint_timestamps=times,
-                            last_preserved_timestamp=min(times) - 1)
-    ptb.write_whole(target, text_format.MessageToString(state))
 
 
 def _number(path):

@@ -11,7 +11,10 @@ import sys
 from utils.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA_PATH = os.environ.get("PTB_DATA_PATH", os.path.join(REPO, "data", "ptb"))
+# PTB_DATA_PATH set empty or blank (PTB_DATA_PATH= make train) counts as unset
+_GIVEN_DATA_PATH = os.environ.get("PTB_DATA_PATH", "")
+DEFAULT_DATA_PATH = (_GIVEN_DATA_PATH if _GIVEN_DATA_PATH.strip()
+                     else os.path.join(REPO, "data", "ptb"))
 
 # key -> (accepted types, may be None)
 SCHEMA = {

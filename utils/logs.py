@@ -1,32 +1,18 @@
-"""One greppable log format for both trainers, metrics.jsonl, and the error exit."""
+"""A run's log, one greppable format for every trainer: its lines on stdout (PREFIX) and its
+events in metrics.jsonl (RunLog), read back for a resume and for --baseline. The checkpoints
+and their pointer files are utils/checkpoints.py's and utils/pointers.py's."""
 import json
+import math
 import os
-import re
 import resource
+import shutil
 import statistics
 import time
 
 from utils import schedule
-from utils.errors import ConfigError, OutputError
+from utils.errors import ConfigError, OutputError, os_reason
 
 PREFIX = "[ptb]"
-IN_EPOCH = "steps"  # subfolder of the checkpoints saved inside an epoch
-
-
-def first_line(error, limit=200):
-    """An error's first line, cut to `limit` characters: enough for a one-line message."""
-    return str(error).strip().splitlines()[0][:limit]
-
-
-def os_reason(error):
-    """The OS's words for a failed write and its path, from an OSError or a TensorFlow op
-    error, whose message wraps them in the op's names: "{{function_node __wrapped__SaveV2...}}
-    PATH; No space left on device [Op:SaveV2]" gives "PATH; No space left on device"."""
-    if isinstance(error, OSError):
-        return f"{error.strerror or error}: {error.filename}" if error.filename else str(error)
-    message = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "",
-                     str(getattr(error, "message", error)))
-    return first_line(message, 300)
 
 
 def format_duration(seconds):
@@ -54,19 +40,61 @@ def load_baseline(path, cfg=None):
     """epoch -> seconds of the whole epoch, from a single-process run's metrics.jsonl; with the
     run's config `cfg`, refused where the baseline's epochs are another config's or are not of
     one process (check_baseline)."""
-    try:
-        with open(path) as f:
-            events = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--baseline {path}: cannot read it ({e}); pass the metrics.jsonl "
-                          "of an lm_ptb.py run") from None
-    epochs = [e for e in events if e.get("event") == "epoch"]
+    epochs = [e for e in baseline_events(path) if e.get("event") == "epoch"]
     if not epochs:
         raise ConfigError(f"--baseline {path} has no epoch events; let the lm_ptb.py run "
                           "finish at least one epoch")
+    for event in epochs:
+        check_baseline_epoch(path, event)
     if cfg is not None:
         check_baseline(path, epochs, cfg)
     return {e["epoch"]: whole_epoch_s(e) for e in epochs}
+
+
+def baseline_events(path):
+    """The events of a --baseline file, each a JSON object; a last line cut short (a run
+    stopped while it wrote it) is left out, any other line that is not an event refused."""
+    fix = "pass the metrics.jsonl of an lm_ptb.py run"
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--baseline {path}: cannot read it ({e}); {fix}") from None
+    events = []
+    for i, (number, line) in enumerate(lines):
+        event = parse_line(line)
+        if event is None and i == len(lines) - 1 and not line.endswith("\n"):
+            break  # cut short while being written
+        if not isinstance(event, dict):
+            raise ConfigError(f"--baseline {path}: line {number} is not an event of a run's log "
+                              f"({line.strip()[:40]!r}); {fix}")
+        events.append(event)
+    return events
+
+
+def check_baseline_epoch(path, event):
+    """One line refusing an epoch event of a --baseline without the numbers it is read for:
+    positive and finite (a time of 0 would print a speed-up of 0.00x), whole where counted."""
+    def positive(value, whole):
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and value > 0 and (not whole or value == int(value)))
+    needed = [("epoch", True), ("epoch_time_s", False)]
+    if event.get("steps_run") is not None:  # resumed inside it: scaled to its whole
+        needed += [("steps_run", True), ("steps", True)]
+    if "world_size" in event:
+        needed.append(("world_size", True))
+    wrong = [key for key, whole in needed if not positive(event.get(key), whole)]
+    if wrong:
+        raise ConfigError(
+            f"--baseline {path}: an epoch event whose "
+            + ", ".join(f"{key} ({event.get(key, 'missing')!r})" for key in wrong)
+            + f" {'is not a positive number' if len(wrong) == 1 else 'are not positive numbers'}"
+            "; pass the metrics.jsonl of an lm_ptb.py run, as that run wrote it")
+    if "config" in event and not isinstance(event["config"], dict):
+        raise ConfigError(f"--baseline {path}: an epoch event whose config is not a mapping "
+                          f"({event['config']!r:.40}); pass the metrics.jsonl of an lm_ptb.py "
+                          "run, as that run wrote it")
+    event["epoch"] = int(event["epoch"])
 
 
 def check_baseline(path, epochs, cfg):
@@ -107,12 +135,13 @@ def peak_rss_mb():
 
 
 def parse_line(line):
-    """One event of metrics.jsonl, or None for a blank line or one cut short by a crash of a
-    version that wrote lines in pieces."""
+    """One event of metrics.jsonl, or None for a blank line, one cut short by a crash of a
+    version that wrote lines in pieces, or one damaged otherwise (not an event object)."""
     try:
-        return json.loads(line) if line.strip() else None
+        event = json.loads(line) if line.strip() else None
     except ValueError:
         return None
+    return event if isinstance(event, dict) and "event" in event else None
 
 
 def append_whole_line(path, line):
@@ -141,40 +170,6 @@ def check_writable(folder, flag="--output_dir"):
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {folder} is not writable ({probe} is not a writable "
                           f"folder); choose another {flag}")
-
-
-RUN = {"checkpoints": None}  # the checkpoint folder of this process's run (utils/checkpoints.py)
-
-
-def newest_checkpoint(folder):
-    """The newest checkpoint's path in a run's checkpoint folder, from the pointer files alone
-    (no TensorFlow: the watchdog's thread calls it while the main thread is stuck): the epoch
-    ends' pointer or the in-epoch one, whichever was written last; None if neither exists."""
-    newest, newest_time = None, None
-    for pointer in (os.path.join(folder, "checkpoint"),
-                    os.path.join(folder, IN_EPOCH, "checkpoint")):
-        try:
-            with open(pointer) as f:
-                name = f.readline().split('"')[1]
-            written = os.path.getmtime(pointer)
-        except (OSError, IndexError, ValueError):  # none, or damaged: not text, no name
-            continue
-        if newest_time is None or written > newest_time:
-            newest, newest_time = os.path.join(os.path.dirname(pointer), name), written
-    return newest
-
-
-def kept_text(output_dir=None):
-    """What a stopped run leaves on disk, for its last line: the newest checkpoint by name, or
-    that there is none; either way, the same command with --resume goes on. output_dir: the
-    run's folder, where this process has no Checkpoints (yet)."""
-    folder = RUN["checkpoints"] or (output_dir and os.path.join(output_dir, "checkpoints"))
-    newest = newest_checkpoint(folder) if folder else None
-    if newest:
-        return f"the newest checkpoint, {newest}, is kept: rerun with --resume to continue from it"
-    where = f" in {folder}" if folder else ""
-    return (f"no checkpoint was saved yet{where}: rerun the same command (--resume or not) to "
-            "start afresh")
 
 
 def workers_text(steps, workers):
@@ -227,6 +222,29 @@ class RunLog:
                               f"({os_reason(e)}); metrics.jsonl and the checkpoints are kept; "
                               "free space, then rerun with --resume") from None
 
+    def _keep_the_epochs_dropped(self, events, epochs_done):
+        """A resume from a checkpoint older than the log's last epoch (the newer ones damaged or
+        deleted) trains those epochs again and rewrites their lines: the log as it was is first
+        copied beside it (metrics.jsonl.before-resume, numbered if taken), and a line says so."""
+        later = sorted({e["epoch"] for e in events if e["event"] == "epoch" and
+                        e["epoch"] > epochs_done})
+        if not later:
+            return
+        copy, n = self.path + ".before-resume", 1
+        while os.path.exists(copy):
+            n += 1
+            copy = f"{self.path}.before-resume-{n}"
+        try:
+            shutil.copyfile(self.path, copy)
+        except OSError as e:
+            raise OutputError(f"cannot keep {self.path} as {copy} before the resume rewrites it "
+                              f"({os_reason(e)}); it is unchanged; free space, then rerun with "
+                              "--resume") from None
+        again = (f"epoch {later[0]} trains again and its lines are" if len(later) == 1 else
+                 f"epochs {later[0]}-{later[-1]} train again and their lines are")
+        print(f"{PREFIX} --resume: the checkpoint comes before the end of epoch {later[0]}, so "
+              f"{again} rewritten; the log as it was is kept in {copy}", flush=True)
+
     def resume(self, position, world_sizes=False):
         """--resume from a checkpoints.Position: drop the events after it (the interrupted
         epoch's progress past the checkpoint) and the test result, which the resumed run writes
@@ -238,11 +256,12 @@ class RunLog:
         epochs_done, step = position.epochs_done, position.step
         if not self.enabled or not os.path.exists(self.path):
             return None
-        with open(self.path) as f:
+        with open(self.path, encoding="utf-8", errors="replace") as f:  # as Checkpoints reads it
             events = [e for e in map(parse_line, f) if e]
         kept = [e for e in events if e["event"] == "reset" or e["event"] != "test" and (
             e["epoch"] <= epochs_done or
             e["epoch"] == epochs_done + 1 and e["event"] == "progress" and e["step"] <= step)]
+        self._keep_the_epochs_dropped(events, epochs_done)
         try:
             with open(self.path + ".tmp", "w") as f:
                 f.writelines(json.dumps(e) + "\n" for e in kept)

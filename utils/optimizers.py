@@ -71,9 +71,11 @@ def make_optimizer(cfg):
 
 
 def create_slots(optimizer, variables):
-    """The optimizer's state (momentum, Adam's moments: a slot per weight) made now. Keras makes
-    it at the first update, after a checkpoint's restore and the ranks' broadcast: then only
-    the restoring rank would hold the saved state, and the ranks would train apart."""
+    """The optimizer's state (its step counter; momentum, Adam's moments: a slot per weight)
+    made now. Keras makes it at the first update, after the ranks' broadcast from rank 0: that
+    would leave it out, only the rank that restored a checkpoint would hold the saved state, and
+    the ranks would train apart (optimizer_variables refuses to list it before this call). A
+    restore fills state made before or after it alike."""
     if KERAS3:
         with optimizer._distribution_strategy.scope():  # tf.distribute: beside their weights
             optimizer.build(variables)
@@ -82,9 +84,25 @@ def create_slots(optimizer, variables):
         optimizer._create_all_weights(variables)
 
 
+def slots_made(optimizer):
+    """Whether the optimizer's state is made (by create_slots, or by an update). Keras 3 says
+    so (built); tf-keras keeps no flag, and makes its step counter and hyperparameters with the
+    slots (_create_all_weights), which an optimizer that made neither lacks."""
+    if KERAS3:
+        return optimizer.built
+    return optimizer._hypers_created and optimizer._iterations is not None
+
+
 def optimizer_variables(optimizer):
     """The optimizer's own variables: its step counter and slots (a list on Keras 3, a method's
-    result on Keras 2)."""
+    result on Keras 2), for the ranks' broadcast of Horovod 4 (tf.distribute 4). Refused in one
+    line before create_slots: the list would lack the slots, and the broadcast would skip them
+    without a word."""
+    if not slots_made(optimizer):
+        raise TrainingError("the optimizer's state (its step counter and slots) is not made yet, "
+                            "so the broadcast from rank 0 would leave it out and the ranks "
+                            "would train apart; call create_slots(optimizer, "
+                            "model.trainable_variables) before it, as lm_ptb.py's main does")
     return list(optimizer.variables) if KERAS3 else optimizer.variables()
 
 

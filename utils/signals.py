@@ -13,17 +13,7 @@ class Interrupted(Exception):
 
 
 _defer = {"active": False, "pending": None}
-_reports = {"stops": True}  # False on the ranks other than 0: one line per job, not per rank
 _received = {"signum": None}  # the stop signal that arrived, if any
-
-
-def report_stops(yes):
-    """Whether this process prints the line of a stop by signal (rank 0 alone, as every line)."""
-    _reports["stops"] = yes
-
-
-def reports_stops():
-    return _reports["stops"]
 
 
 def received():
@@ -40,6 +30,8 @@ def _on_signal(signum, frame):
 
 
 def install():
+    """SIGINT and SIGTERM raise Interrupted from now on; none has arrived yet."""
+    _received["signum"] = None
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_signal)
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from utils.logs import kept_text
+from utils.pointers import kept_text
 
 EXIT_STATUS = 124  # what timeout(1) returns
 TICK_S = 1.0  # the watchdog looks at the deadline once a second

@@ -7,12 +7,18 @@ when the library loads) in a venv of its own:
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
-info = tf.sysconfig.get_build_info()
-print(f"tensorflow {tf.__version__}, CUDA {info.get('cuda_version')}, "
-      f"cuDNN {info.get('cudnn_version')}")
-for op in ("CudnnRNNV3", "CudnnRNNBackpropV3", "MatMul"):
-    types = sorted(tf.dtypes.as_dtype(t).name
-                   for k in kernels.get_registered_kernels_for_op(op).kernel
-                   if k.device_type == "GPU"
-                   for c in k.constraint if c.name == "T" for t in c.allowed_values.list.type)
-    print(f"{op}: GPU kernels for {', '.join(types)}")
+
+def main():
+    info = tf.sysconfig.get_build_info()
+    print(f"tensorflow {tf.__version__}, CUDA {info.get('cuda_version')}, "
+          f"cuDNN {info.get('cudnn_version')}")
+    for op in ("CudnnRNNV3", "CudnnRNNBackpropV3", "MatMul"):
+        types = sorted(tf.dtypes.as_dtype(t).name
+                       for k in kernels.get_registered_kernels_for_op(op).kernel
+                       if k.device_type == "GPU"
+                       for c in k.constraint if c.name == "T" for t in c.allowed_values.list.type)
+        print(f"{op}: GPU kernels for {', '.join(types)}")
+
+
+if __name__ == "__main__":
+    main()

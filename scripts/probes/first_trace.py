@@ -3,7 +3,7 @@ then the run goes on as usual. --autograph_in_horovod puts back what Horovod 0.2
 without patch 09: its allreduce subgraphs traced with AutoGraph. From the repo:
   mpirun --allow-run-as-root --oversubscribe -bind-to none -np 2 .venv/bin/python \\
       scripts/probes/first_trace.py [--autograph_in_horovod] --config tests/config_tiny.py \\
-      --data_path ../shared/data/ptb --output_dir /tmp/ft --set num_epochs=1 \\
+      --data_path $PTB_DATA_PATH --output_dir /tmp/ft --set num_epochs=1 \\
       --set steps_per_epoch=20 --set eval_steps=2"""
 import os
 import sys
@@ -11,7 +11,6 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 import lm_ptb_distributed  # noqa: E402
-from utils import training  # noqa: E402
 
 
 def timed_first_trace(make_train_step):
@@ -39,7 +38,8 @@ def main():
         import tensorflow as tf
         import horovod.tensorflow as hvd_tf
         hvd_tf._make_subgraph = tf.function  # AutoGraph on, as before patch 09
-    training.make_train_step = timed_first_trace(training.make_train_step)
+    # the name the trainer calls (it imports make_train_step from utils.train_steps)
+    lm_ptb_distributed.make_train_step = timed_first_trace(lm_ptb_distributed.make_train_step)
     return lm_ptb_distributed.main(argv)
 
 

@@ -1,6 +1,10 @@
 """The large products of a train step (forward, weight gradient, input gradient) in fp32 and
 bf16: ms, median of 10."""
-from probe import header, tf, timed
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from scripts.probes.precision_probe import header, tf, timed  # noqa: E402
 
 SHAPES = ((700, 1500, 6000), (700, 1500, 10000), (400, 200, 10000))  # rows, features, outputs
 

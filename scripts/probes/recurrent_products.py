@@ -1,6 +1,10 @@
 """35 recurrent products of one LSTM layer (batch 20), forward h.R and backward dz.R^T by a
 transposed copy of R or by transpose_b, in fp32 and bf16: ms for the 35, median of 20."""
-from probe import header, tf, timed
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from scripts.probes.precision_probe import header, tf, timed  # noqa: E402
 
 
 def products(units, dtype):

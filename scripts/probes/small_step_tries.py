@@ -1,18 +1,19 @@
 """Ideas for small's step tried on 2026-11-24 (issue #30), each against the current path, timed
-in turns (5 rounds of 20-30 reps, medians; benchmark.timed_alternately). Run from the repository:
-.venv/bin/python scripts/probes/small_step_tries.py"""
+in turns (5 rounds of 20-30 reps, medians; scripts/bench/common.py's timed_alternately):
+    .venv/bin/python scripts/probes/small_step_tries.py"""
 import os
 import statistics
 import sys
 
-import numpy as np
-
-sys.path.insert(0, os.getcwd())
-sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
-from utils import config, import_tensorflow, training  # noqa: E402
-tf = import_tensorflow()
-from benchmark import fwd_bwd, timed_alternately  # noqa: E402
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+import utils  # noqa: E402
+tf = utils.import_tensorflow()  # as the trainers start it, before the modules that load it
+import numpy as np  # noqa: E402
+from scripts.bench.common import fwd_bwd, timed_alternately  # noqa: E402
+from utils import config  # noqa: E402
 from utils.model import _transposed, bptt_lstm, build_model, sequence_loss  # noqa: E402
+from utils.optimizers import make_optimizer  # noqa: E402
+from utils.train_steps import make_train_step  # noqa: E402
 
 
 def compare(title, runs, reps=30, rounds=5):
@@ -82,7 +83,7 @@ def softmax():
             lambda: tf.matmul(d_logits, w, transpose_b=True), autograph=False),
         "d_logits . W^T (W transposed first)": tf.function(
             lambda: tf.matmul(d_logits, _transposed(w)), autograph=False)})
-    step = training.make_train_step(model, training.make_optimizer(cfg))
+    step = make_train_step(model, make_optimizer(cfg))
     state, variables = model.zero_state(20), model.trainable_variables
     seed = tf.constant([1, 2], tf.int64)
 
@@ -92,7 +93,7 @@ def softmax():
             loss = sequence_loss(model(targets, state, training=True, noise_seed=seed)[0], targets)
         return tape.gradient(loss, variables)
     grads = gradients()
-    optimizer = training.make_optimizer(cfg)
+    optimizer = make_optimizer(cfg)
 
     @tf.function
     def update():
@@ -105,6 +106,10 @@ def softmax():
         "update only (clip by global norm, SGD)": update}, reps=20)
 
 
-if __name__ == "__main__":
+def main():
     lstm_layer()
     softmax()
+
+
+if __name__ == "__main__":
+    main()

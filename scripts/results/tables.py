@@ -1,36 +1,18 @@
-"""The results table and plots, built only from committed logs under results/.
-
-    python scripts/results.py record NAME full|partial|bounded -- <trainer command ...>
-        runs the command with --output_dir runs/results/NAME, then keeps its metrics.jsonl, the
-        command and an environment record in results/runs/NAME/ (never the checkpoints). full: all
-        the config's epochs; partial: fewer whole epochs (--set num_epochs=N); bounded: a number
-        of steps, timed only. `make reproduce` keeps its run as "running" until it is "full"
-    python scripts/results.py build      # = make results
-        rewrites the table between the results markers in README.md, results/README.md (the
-        full table and every run's provenance), results/runs/*.png (fp32 and bf16 curves) and
-        docs/network.md's table
-    python scripts/results.py side-by-side RUN_A RUN_B LABEL_A LABEL_B [FIRST_EPOCH]
-        a study's table (results/studies/tutorial-schedule-*): the learning rate, train and
-        valid perplexity of two runs' metrics.jsonl (folders or files) at each epoch from
-        FIRST_EPOCH (default 1) that both finished
-"""
-import json
+"""The tables, built only from committed logs under results/: README's results table (between
+its results markers) and results/README.md (every row, the bounded times, epoch by epoch, the
+bf16 and Keras 3 runs against their references, every run's provenance)."""
 import os
-import re
-import shlex
-import shutil
 import statistics
-import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-import utils  # noqa: E402
-utils.require_setup()  # a Python without .venv's TensorFlow stops here in one line
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from scripts.results.common import (REPO, RESULTS, CONFIGS, epoch_count, epoch_ends,  # noqa: E402
+                                    epoch_time, fp32_only, is_seed_run, keras, keras3_only, last,
+                                    longest_runs, longest_trained, machine, precision,
+                                    rewrite_block, seed_of, seed_runs, tf_keras_only)
 from utils import config  # noqa: E402
-from utils.logs import whole_epoch_s  # noqa: E402
-RESULTS = os.path.join(REPO, "results")
-RUNS = os.path.join(RESULTS, "runs")  # the training runs: a folder each, with run.json
+
+
 # results/README.md opens with where each kind of result lives
 LAYOUT = [("runs/", "the training runs: the table's rows, the one-process and bounded runs "
                     "beside them, the bf16 runs; each folder its metrics.jsonl and run.json "
@@ -46,76 +28,102 @@ LAYOUT = [("runs/", "the training runs: the table's rows, the one-process and bo
                      "bf16, Python 3.10 and 3.12, Open MPI 5's pairing message, and CI: its "
                      "times on each CPU, what cut them, the suite's cost test by test "
                      "(ci/README.md)")]
+
+
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-NET_BEGIN, NET_END = "<!-- netstudy:begin -->", "<!-- netstudy:end -->"
-CONFIGS = ("config_small", "config_medium", "config_large")
-TRAIN_TOKENS = 929589  # ptb.train.txt with <eos>; checked by tests/test_reader.py
 
 
-def record(name, kind, command):
-    out = os.path.join(REPO, "runs", "results", name)
-    if os.path.exists(out):
-        sys.exit(f"error: {out} exists; remove it or pick another NAME")
-    full = [*command, "--output_dir", out]
-    env = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "record_env.py")],
-                         capture_output=True, text=True, check=True).stdout
-    if subprocess.run(full, cwd=REPO).returncode:
-        sys.exit(f"error: the run failed: {shlex.join(full)}")
-    keep(name, kind, shlex.join(full), out, json.loads(env))
-
-
-def keep(name, kind, command, run_dir, env):
-    folder = os.path.join(RUNS, name)
-    os.makedirs(folder, exist_ok=True)
-    shutil.copy(os.path.join(run_dir, "metrics.jsonl"), folder)
-    with open(os.path.join(folder, "run.json"), "w") as f:
-        json.dump({"kind": kind, "command": command, "env": env}, f, indent=1)
-
-
-def load(name):
-    folder = os.path.join(RUNS, name)
-    with open(os.path.join(folder, "run.json")) as f:
-        run = json.load(f)
-    events = read_events(folder)
-    run.update(name=name, events=events, config=newest_config(events),
-               workers=events[0]["world_size"])
-    return run
-
-
-def newest_config(events):
-    """The config a run trains under now, from its metrics events: a resume may have lengthened
-    the schedule, or changed more with --change_config, and logged the config it went on with.
-    scripts/reproduce.py's status line reads it here too."""
-    return [e["config"] for e in events if "config" in e][-1]
-
-
-def full_epoch_steps(cfg):
-    return (TRAIN_TOKENS // cfg["batch_size"] - 1) // cfg["num_steps"]
-
-
-def epoch_time(run):
-    """Median seconds per epoch: measured epochs, or step time x steps of a full epoch; None
-    for a run started again that has not finished its first epoch yet."""
-    if run["kind"] != "bounded":
-        seconds = [whole_epoch_s(e) for e in run["events"] if e["event"] == "epoch"]
-        return statistics.median(seconds) if seconds else None
-    progress = [e for e in run["events"] if e["event"] == "progress"]
-    step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"])
-              for a, b in zip(progress, progress[1:]) if b["step"] > a["step"]]
-    return statistics.median(step_s) * full_epoch_steps(run["config"])
-
-
-def epoch_count(run):
-    return sum(e["event"] == "epoch" for e in run["events"])
-
-
-def last(run, event, key):
-    values = [e[key] for e in run["events"] if e["event"] == event]
-    return values[-1] if values else None
+# Test perplexity published for each config (README links them): Texar's Horovod example (2 GPUs),
+# TensorFlow's tutorial (ptb_word_lm.py), Zaremba et al. 2014, Table 1 (small: non-regularized)
+PUBLISHED = {"config_small": (114.72, 115.91, 114.5), "config_medium": (84.42, 82.07, 82.7),
+             "config_large": (78.72, 78.29, 78.4)}
 
 
 def fmt(x, spec=".1f", unit=""):
     return "—" if x is None else format(x, spec) + unit
+
+
+# A time cell from a training run's own epochs: those runs shared their machine with other work
+# (tests, builds, other runs) for some epochs, so their times are not a comparison of 1 process
+# with 2 workers; `make timing` (scripts/results/timing.py) is.
+SHARED = "†"
+
+
+def is_timing(run):
+    return "timing" in run
+
+
+def trained(runs):
+    """The runs that trained (full, partial, running, the old bounded ones), not make timing's."""
+    return [r for r in runs if not is_timing(r)]
+
+
+def timings(runs):
+    """Each config of each `make timing` measurement, oldest first: a dict of its id, config
+    name, rounds [(round, 1-process s/epoch, 2-worker s/epoch, their ratio)] (the rounds where
+    both sides ran), the medians over them (t1, t2), the median of the ratios (speedup), its
+    runs, and whether it shared the machine (--force, or other processes busy during a run)."""
+    by = {}
+    for r in runs:
+        if is_timing(r):
+            key = (r["timing"]["id"], r["config"]["name"], precision(r), keras(r))
+            by.setdefault(key, {}).setdefault(r["timing"]["round"], {})[r["workers"]] = r
+    found = []
+    for (mid, name, prec, keras_used), rounds in sorted(by.items()):
+        pairs = [(n, sides[1], sides[2]) for n, sides in sorted(rounds.items())
+                 if 1 in sides and 2 in sides]
+        if not pairs:
+            continue
+        rows = [(n, epoch_time(one), epoch_time(two)) for n, one, two in pairs]
+        rows = [(n, t1, t2, t1 / t2) for n, t1, t2 in rows]
+        kept = [r for _, one, two in pairs for r in (one, two)]
+        found.append({"id": mid, "name": name, "precision": prec, "keras": keras_used,
+                      "rounds": rows, "runs": kept,
+                      "t1": statistics.median(t1 for _, t1, _, _ in rows),
+                      "t2": statistics.median(t2 for _, _, t2, _ in rows),
+                      "speedup": statistics.median(x for _, _, _, x in rows),
+                      "shared": sorted({s for r in kept for s in r.get("shared", [])})})
+    return found
+
+
+def newest_idle_timings(runs):
+    """Per config, precision and Keras, the newest `make timing` measurement on an idle machine:
+    the ones README's time cells and results/runs/wps.png give."""
+    newest = {}
+    for t in timings(runs):
+        if not t["shared"]:
+            newest[(t["name"], t["precision"], t["keras"])] = t
+    return list(newest.values())
+
+
+def idle_timing(runs, row_run):
+    """The newest `make timing` measurement on an idle machine of the config, precision and
+    Keras of `row_run` (a row's run), or None: a bf16 row's times are bf16's."""
+    key = (row_run["config"]["name"], precision(row_run), keras(row_run))
+    return next((t for t in newest_idle_timings(runs)
+                 if (t["name"], t["precision"], t["keras"]) == key), None)
+
+
+def time_cells(t2, t1, timing):
+    """The cells time/epoch 2 workers, 1 process and speed-up: a `make timing` measurement's
+    medians where there is one, else the training runs' own times marked SHARED (no speed-up:
+    those times are no comparison)."""
+    if timing:
+        return [fmt(timing["t2"], ".0f", " s"), fmt(timing["t1"], ".0f", " s"),
+                f"{timing['speedup']:.2f}×"]
+    return [marked(t2), marked(t1), "—"]
+
+
+def marked(seconds, spec=".0f"):
+    """A training run's time cell: marked SHARED, "—" where there is none."""
+    return fmt(seconds, spec, " s") + (SHARED if seconds else "")
+
+
+def machine_cell(runs, timing):
+    """The machine of the row's runs, and that of its times where `make timing` ran elsewhere."""
+    where = machine(runs)
+    times = timing and machine(timing["runs"])
+    return where if not times or times == where else f"{where}; times: {times}"
 
 
 def paper_epochs(config_name):
@@ -175,24 +183,6 @@ def row_runs(runs):
                        dist and not dist.get("borrowed") and epoch_time(dist) or None)
 
 
-def longest_trained(runs, name, workers):
-    """The config's trained (not bounded) run with most epochs with that many workers, or None."""
-    trained = [r for r in runs if r["config"]["name"] == name and r["workers"] == workers
-               and r["kind"] != "bounded"]
-    return max(trained, key=epoch_count) if trained else None
-
-
-def longest_runs(runs):
-    """Per config, its trained (not bounded) runs with most epochs: 2 workers, then 1 process."""
-    return {name: [r for r in (longest_trained(runs, name, w) for w in (2, 1)) if r]
-            for name in CONFIGS}
-
-
-def epoch_ends(events):
-    """Epoch -> its last "epoch" event (an epoch trained twice: the later one)."""
-    return {e["epoch"]: e for e in events if e["event"] == "epoch"}
-
-
 def epoch_by_epoch(runs):
     """The valid perplexity of 2 workers and of one process at each epoch both ran."""
     rows = ["| config | epoch | valid ppl, 2 workers | valid ppl, 1 process | difference |",
@@ -224,13 +214,16 @@ def table(runs):
             "test ppl, 2 / 1 | time/epoch, 2 workers | time/epoch, 1 process | speedup |",
             "|" + " --- |" * 9]
     for name, kind, single, dist, epochs, t1, t2 in row_runs(runs):
-        speedup = f"{t1 / t2:.2f}×" if t1 and t2 else "—"
+        speedup = f"{t1 / t2:.2f}×{SHARED}" if t1 and t2 else "—"
         label = {"full": "full",
                  "running": f"running ({epochs} of {paper_epochs(name)} epochs so far)",
                  "partial": f"partial ({epochs} of {paper_epochs(name)} epochs"
                  + (f"; {borrowed_from(dist)}" if borrowed_from(dist) else "")
                  + lost_note(runs, single, dist) + ")",
-                 "bounded": "bounded (time from the first steps)"}[kind]
+                 "bounded": "bounded"}[kind]
+        if kind == "bounded":  # the old single rounds, of TensorFlow 2.15 so far
+            tf = (dist or single)["env"]["tensorflow"]
+            label = f"bounded (TF {tf}; time from the first steps)"
         if kind == "bounded":
             cells = ["—"] * 4
         else:
@@ -238,7 +231,7 @@ def table(runs):
                      perplexities(single, dist, "epoch", "valid_ppl"),
                      perplexities(single, dist, "test", "test_ppl")]
         rows.append(f"| {name.replace('config_', '')} | {label} | {' | '.join(cells)} | "
-                    f"{fmt(t2, unit=' s')} | {fmt(t1, unit=' s')} | {speedup} |")
+                    f"{marked(t2, '.1f')} | {marked(t1, '.1f')} | {speedup} |")
     return rows
 
 
@@ -266,6 +259,11 @@ def provenance(runs):
     for r in sorted(runs, key=lambda r: r["name"]):
         env = r["env"]
         note = sittings(r) if r.get("segments") else r.get("note")
+        if is_timing(r):
+            t = r["timing"]
+            note = (f"`make timing` measurement {t['id']}, round {t['round']}, started "
+                    f"{t['started_utc']} UTC; beside it: "
+                    + ("; ".join(r.get("shared", [])) or "nothing"))
         if r.get("lost"):
             note += f". Lost {r['lost']}"
         lines.append(f"- `results/runs/{r['name']}` ({r['kind']}, {r['workers']} worker"
@@ -276,125 +274,6 @@ def provenance(runs):
                      f"commit {env['commit']}): `{r['command']}`"
                      + (f". {note}" if note else ""))
     return lines
-
-
-def curves(runs):
-    """Per config with 2 or more epochs to draw: its longest fp32 runs (2 workers, then 1
-    process), then its longest bf16 run, so a bf16 row's curve sits beside the fp32 epochs."""
-    found = {}
-    for name, pair in longest_runs(fp32_only(runs)).items():
-        bf16 = [r for r in runs if precision(r) == "bf16" and r["config"]["name"] == name
-                and r["kind"] != "bounded"]
-        drawn = pair + ([max(bf16, key=epoch_count)] if bf16 else [])
-        if any(epoch_count(r) > 1 for r in drawn):
-            found[name] = drawn
-    return found
-
-
-def plain_log_ticks(ax, ticks=(40, 50, 60, 80, 100, 150, 200, 300, 400, 600)):
-    """Perplexities as plain numbers on the log axis (80, 100, 150), not as 8 x 10^1."""
-    import matplotlib
-    low, high = ax.get_ylim()
-    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(
-        [t for t in ticks if low <= t <= high]))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-
-
-def plots(runs):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    drawn = curves(runs)
-    fig, axes = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4), squeeze=False)
-    for ax, (name, chosen) in zip(axes[0], drawn.items()):
-        for r in chosen:
-            epochs = [e for e in r["events"] if e["event"] == "epoch"]
-            label = (f"{r['workers']} workers" if r["workers"] > 1 else "1 process") + (
-                ", bf16" if precision(r) == "bf16" else "")
-            ax.plot([e["epoch"] for e in epochs], [e["train_ppl"] for e in epochs], "--",
-                    label=f"train, {label}")
-            ax.plot([e["epoch"] for e in epochs], [e["valid_ppl"] for e in epochs], "-o",
-                    label=f"valid, {label}")
-        ax.set(xlabel="epoch", ylabel="perplexity", yscale="log",
-               title=f"PTB {name.replace('config_', '')}: perplexity per epoch")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        plain_log_ticks(ax)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(RUNS, "perplexity.png"), dpi=100)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    bounded = [r for r in fp32_only(runs) if r["kind"] == "bounded"]
-    for name in CONFIGS:
-        points = sorted((r["workers"], statistics.median(
-            [e["wps"] for e in r["events"] if e["event"] == "progress"][1:] or [0]))
-            for r in bounded if r["config"]["name"] == name)
-        if points:
-            ax.plot(*zip(*points), "-o", label=name.replace("config_", ""))
-    ax.set(xlabel=f"workers on one host: {machine(bounded)}", ylabel="words/sec", xticks=[1, 2],
-           title="Throughput against the number of workers (bounded runs)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(RUNS, "wps.png"), dpi=100)
-
-
-def netstudy_block():
-    path = os.path.join(RESULTS, "studies", "netstudy.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        study = json.load(f)
-    commands = dict.fromkeys(r["command"] for r in study["rows"])
-    lines = [f"Measured by {' and '.join(f'`{c}`' for c in commands)} (2 ranks, one per namespace, one core each; "
-             "efficiency = one process's step time / (2 × the 2-worker step time)):", "",
-             "| config | link | variant | ms/step | efficiency | MB sent/step, model | "
-             "MB sent/step, measured |", "|" + " --- |" * 7]
-    for r in study["rows"]:
-        measured = r["bytes_per_step_measured"]
-        lines.append(f"| {r['config'].replace('config_', '')} | {r['link']} | {r['variant']} | "
-                     f"{r['step_ms']:.0f} | {r['efficiency']:.2f} | "
-                     f"{r['bytes_per_step_predicted'] / 1e6:.2f} | "
-                     f"{'—' if measured is None else format(measured / 1e6, '.2f')} |")
-    lines += ["", "**Projection** (ring-allreduce cost model fitted to the measured steps, not a "
-              "measurement; rows per worker as measured, 50 µs assumed per message): compute "
-              "share of the step at 8 and 64 workers.", "",
-              "| config | variant | workers | 10 Gbit/s | 1 Gbit/s | 100 Mbit/s |",
-              "|" + " --- |" * 6]
-    keyed = {}
-    for r in study["projection"]:
-        keyed.setdefault((r["config"], r["variant"], r["workers"]), {})[r["link"]] = r
-    for (name, variant, workers), by_link in keyed.items():
-        cells = " | ".join(f"{by_link[l]['efficiency']:.2f}" if l in by_link else "—"
-                           for l in ("10 Gbit/s", "1 Gbit/s", "100 Mbit/s"))
-        lines.append(f"| {name.replace('config_', '')} | {variant} | {workers} | {cells} |")
-    return lines
-
-
-def replace_block(text, begin, end, lines):
-    if begin not in text:
-        sys.exit(f"error: no {begin} marker where the table goes")
-    head, rest = text.split(begin, 1)
-    return head + "\n".join([begin, *lines, end]) + rest.split(end, 1)[1]
-
-
-def load_all():
-    return [load(n) for n in sorted(os.listdir(RUNS))
-            if os.path.isfile(os.path.join(RUNS, n, "run.json"))]
-
-
-def machine(runs):
-    cpus = sorted({f"{r['env']['cpu']}, {r['env']['cores']} cores" for r in runs if r})
-    return "; ".join(cpus) or "—"
-
-
-# Test perplexity published for each config (README links them): Texar's Horovod example (2 GPUs),
-# TensorFlow's tutorial (ptb_word_lm.py), Zaremba et al. 2014, Table 1 (small: non-regularized)
-PUBLISHED = {"config_small": (114.72, 115.91, 114.5), "config_medium": (84.42, 82.07, 82.7),
-             "config_large": (78.72, 78.29, 78.4)}
-
-
-def precision(run):
-    return run["config"].get("precision", "fp32")  # runs logged before the key: fp32
 
 
 def card_run(runs, name):
@@ -436,13 +315,16 @@ def epochs_cell(run, name, runs):
     return cell
 
 
-def paper_table(runs, label=""):
+TIME_HEADER = "time/epoch, 2 workers | time/epoch, 1 process | speed-up, 2 workers"
+
+
+def paper_table(runs, label="", timing=None):
     """README's table, in the shape of the published ones: a row per config, the run of the
-    card's command, both times per epoch, and the published test perplexities beside; `label`
-    after each row's config name."""
-    rows = ["| config | epochs | train | valid | test | time/epoch, 2 workers | time/epoch, "
-            "1 process | published test: Texar / TF tutorial / paper | machine |",
-            "|" + " --- |" * 9]
+    card's command, both times per epoch (from timing(run), a `make timing` measurement, where
+    it gives one; else the runs' own, marked), and the published test perplexities beside;
+    `label` after each row's config name."""
+    rows = ["| config | epochs | train | valid | test | " + TIME_HEADER + " | published test: "
+            "Texar / TF tutorial / paper | machine |", "|" + " --- |" * 10]
     for name in CONFIGS:
         run = card_run(runs, name)
         if run is None:
@@ -451,12 +333,13 @@ def paper_table(runs, label=""):
         run2, run1 = (r if r and epoch_count(r) else None  # timed: with an epoch done
                       for r in (longest_trained(alike, name, 2), longest_trained(alike, name, 1)))
         t2, t1 = (r and epoch_time(r) for r in (run2, run1))
+        timed = timing and timing(run)
         cells = [epochs_cell(run, name, runs), *(fmt(last(run, event, key), ".2f")
                                                   for event, key in (("epoch", "train_ppl"),
                                                                      ("epoch", "valid_ppl"),
                                                                      ("test", "test_ppl"))),
-            fmt(t2, ".0f", " s"), fmt(t1, ".0f", " s"),
-            " / ".join(map(str, PUBLISHED[name])), machine([run, run1, run2])]
+                 *time_cells(t2, t1, timed), " / ".join(map(str, PUBLISHED[name])),
+                 machine_cell([run] if timed else [run, run1, run2], timed)]
         row = name.replace("config_", "") + (", bf16" if precision(run) == "bf16" else "") + label
         rows.append(f"| {row} | {' | '.join(cells)} |")
     return rows
@@ -499,20 +382,6 @@ def bf16_table(runs):
         + (f", seed {seed_of(r)}" if is_seed_run(r) else ""))
 
 
-def keras(run):
-    """"Keras 3" for a run on TensorFlow's own Keras 3 (its environment records Keras 3.x), else
-    "tf-keras": the runs from before Keras 3 was the default recorded no Keras."""
-    return "Keras 3" if str(run.get("env", {}).get("keras", "")).startswith("3") else "tf-keras"
-
-
-def keras3_only(runs):
-    return [r for r in runs if keras(r) == "Keras 3"]
-
-
-def tf_keras_only(runs):
-    return [r for r in runs if keras(r) == "tf-keras"]
-
-
 def keras3_table(runs):
     """Each Keras 3 run's valid perplexity per epoch against the tf-keras run of the same
     config, workers and precision (the same seed draws other first weights under each Keras)."""
@@ -524,28 +393,11 @@ def keras3_table(runs):
         "| config | workers | epoch | valid ppl, Keras 3 | valid ppl, tf-keras | difference |")
 
 
-DEFAULT_SEED = 1234  # the trainers' --seed
-
-
-def seed_of(run):
-    """The --seed its command gave the trainer (the trainers' default where none)."""
-    words = shlex.split(run.get("command", ""))
-    return int(words[words.index("--seed") + 1]) if "--seed" in words else DEFAULT_SEED
-
-
-def is_seed_run(run):
-    """A run of `make reproduce SEED=N`, one of a row's several seeds (folder ...-seedN)."""
-    return re.search(r"-seed\d+$", run["name"]) is not None
-
-
-def seed_runs(runs):
-    return [r for r in runs if is_seed_run(r)]
-
-
-def seeds_row(group, label):
+def seeds_row(group, label, timing=lambda run: None):
     """README's row of one config trained with several seeds (`group`: its runs, finished or
     not): train and valid as the mean of the finished seeds, test as their mean and its spread
-    (min-max); the unfinished ones named in the epochs cell."""
+    (min-max); the unfinished ones named in the epochs cell; the time the median of the seeds'
+    median epochs, marked, unless timing(run) (a `make timing` measurement) gives the times."""
     done = sorted((r for r in group if r["kind"] == "full"), key=seed_of)
     left = sorted((r for r in group if r["kind"] != "full"), key=seed_of)
     name = group[0]["config"]["name"]
@@ -558,14 +410,14 @@ def seeds_row(group, label):
     spread = f" ({min(tests):.2f}-{max(tests):.2f})" if len(tests) > 1 else ""
     epochs = f"{epoch_count(done[0])}" + "".join(
         f"; seed {seed_of(r)}: {epoch_count(r)} of {paper_epochs(name)} so far" for r in left)
-    times = [epoch_time(r) for r in done]
-    t = statistics.median(times)
-    where = "2 workers" if done[0]["workers"] == 2 else "1 process"
+    t = statistics.median(epoch_time(r) for r in done)
+    timed = timing(done[0])
+    two = done[0]["workers"] == 2
     seeds = ", ".join(str(seed_of(r)) for r in done)
     cells = [epochs, f"{mean['train_ppl']:.2f}", f"{mean['valid_ppl']:.2f}",
-             f"{mean['test_ppl']:.2f}{spread}", *(
-                 (fmt(t, ".0f", " s"), "—") if where == "2 workers" else ("—", fmt(t, ".0f", " s"))),
-             " / ".join(map(str, PUBLISHED[name])), machine(done)]
+             f"{mean['test_ppl']:.2f}{spread}", *time_cells(t if two else None,
+                                                            None if two else t, timed),
+             " / ".join(map(str, PUBLISHED[name])), machine_cell(done, timed)]
     row = (name.replace("config_", "") + (", bf16" if precision(done[0]) == "bf16" else "")
            + f"{label}, seed{'s' * (len(done) > 1)} {seeds}")
     return f"| {row} | {' | '.join(cells)} |"
@@ -579,24 +431,55 @@ def shipped_precision(group):
     return [r for r in group if precision(r) == chosen]
 
 
-def results_block(runs):
+def results_block(all_runs):
     """The lines between the results markers of README.md: a row per config from the code as
     shipped (Keras 3: the mean of its seeds where it ran several), else from tf-keras, labelled
-    so; the other rows are in results/README.md."""
+    so; the other rows are in results/README.md. The times of a config come from its newest
+    `make timing` on an idle machine where there is one; the notes under the table say where
+    each time comes from."""
+    runs = trained(all_runs)
+    used = []
+
+    def timing(run):
+        found = idle_timing(all_runs, run)
+        used.extend([found] if found and found not in used else [])
+        return found
     rows = paper_table([])
     keras3, seeded = keras3_only(runs), seed_runs(runs)
     for name in CONFIGS:
         group = shipped_precision([r for r in keras3
                                    if r in seeded and r["config"]["name"] == name])
-        row = seeds_row(group, ", Keras 3") if group else None
+        row = seeds_row(group, ", Keras 3", timing) if group else None
         if row is None:
             one = [r for r in keras3 if r not in seeded and r["config"]["name"] == name]
-            row = (paper_table(one, ", Keras 3")[2:] or
+            row = (paper_table(one, ", Keras 3", timing)[2:] or
                    paper_table([r for r in tf_keras_only(runs) if r["config"]["name"] == name],
-                               ", tf-keras")[2:] or [None])[0]
+                               ", tf-keras", timing)[2:] or [None])[0]
         if row:
             rows.append(row)
-    return rows
+    return rows + time_notes(rows, used)
+
+
+def time_notes(rows, measured):
+    """The lines under README's table that say what its time cells are."""
+    notes = []
+    for t in filter(None, measured):
+        env = t["runs"][0]["env"]
+        notes.append(f"- {t['name'].replace('config_', '')}: times without {SHARED} from `make "
+                     f"timing` ({env['date_utc']} UTC, commit {env['commit']}, {env['cpu']}, "
+                     f"{t['precision']}, {t['keras']}), {len(t['rounds'])} rounds.")
+    if notes:  # how every such time was taken, said once
+        notes.append(f"- A time without {SHARED}: rounds of a bounded run of each side in turns "
+                     "on an idle machine, the median over the rounds of the run's time per epoch "
+                     "(its median step after the first log window, times a full epoch's steps); "
+                     "the speed-up is the median of the rounds' own ratios.")
+    if any(SHARED in row for row in rows[2:]):
+        notes.append(f"- {SHARED}: the training run's own time per epoch, the median of its "
+                     "epochs (a row of seeds: the median of the seeds' medians); those runs "
+                     "shared the machine with other work for some of their epochs "
+                     "([results/README.md](results/README.md) names what), so these times "
+                     "are no comparison of one process with 2 workers, and give no speed-up.")
+    return ["", *notes] if notes else []
 
 
 def every_row(runs):
@@ -610,26 +493,60 @@ def every_row(runs):
     return rows
 
 
-def fp32_only(runs):
-    return [r for r in runs if precision(r) == "fp32"]
+def timing_section(runs):
+    """results/README.md's lines of every `make timing` measurement: each round's times per
+    epoch and ratio, the medians, the machine, commit and date, and what else ran."""
+    found = timings(runs)
+    if not found:
+        return ["None yet: `make timing` on an idle machine ([docs/performance.md]"
+                "(../docs/performance.md#time-per-epoch-one-process-against-2-workers)).", ""]
+    lines = []
+    for t in found:
+        env, first = t["runs"][0]["env"], t["runs"][0]["timing"]
+        beside = "; ".join(t["shared"]) if t["shared"] else "nothing (an idle machine)"
+        state = first.get("machine_state", {})
+        lines += [f"{t['name'].replace('config_', '')}, measurement {t['id']} ({env['date_utc']} "
+                  f"UTC, {env['cpu']}, {env['cores']} cores, TF {env['tensorflow']}, Keras "
+                  f"{env.get('keras', '—')}, {t['precision']}, commit {env['commit']}; "
+                  f"{first['steps']} steps a "
+                  f"run; load {state.get('load_per_core', '—')} per core at its start; beside "
+                  f"it: {beside}" + (f"; {SHARED} shared: not in README's table" if t["shared"]
+                                      else "") + "):", "",
+                  "| round | first | time/epoch, 1 process | time/epoch, 2 workers | 1 process / "
+                  "2 workers |", "|" + " --- |" * 5]
+        for n, t1, t2, ratio in t["rounds"]:
+            side = next(r["timing"]["side"] for r in t["runs"]
+                        if r["timing"]["round"] == n and r["timing"]["first"])
+            lines.append(f"| {n} | {side} | {t1:.1f} s | {t2:.1f} s | {ratio:.3f} |")
+        lines += [f"| median | | {t['t1']:.1f} s | {t['t2']:.1f} s | {t['speedup']:.3f} |", ""]
+    return lines
 
 
 def results_readme(all_runs):
     """results/README.md: the full table and every run's provenance."""
+    timed, all_runs = all_runs, trained(all_runs)
     runs = tf_keras_only(all_runs)  # the tables' runs; the Keras 3 ones in a table of their own
     return "\n".join([
         "# Results: every run behind the table, with its command, date and machine", "",
         "Where each kind lives:", "",
         *(f"- [`{folder}`]({folder}): {what}" for folder, what in LAYOUT), "",
         "Only what runs wrote is here; each log names the command that made it, and the probes "
-        "among those commands are in [`scripts/probes/`](../scripts/probes/).", "",
+        "among those commands are in [`scripts/probes/`](../scripts/probes/) (a probe removed "
+        "since is named with the commit that had it). The benchmark's logs from before its "
+        "split name scripts/benchmark.py and a flag for each mode, a file each in "
+        "[`scripts/bench/`](../scripts/bench/) since ([performance.md](../docs/performance.md#"
+        "performance)).", "",
         "README's table shows a row per config from the code as shipped; every row of every "
         "config, each with the Keras it trained on (tf-keras until Keras 3 became the default, "
         "docs/keras3.md) and each seed's run apart:", "", *every_row(all_runs), "",
         "Generated by `make results` from the logs in this folder; do not edit by hand. Each "
         "perplexity cell gives the 2-worker run, then the one-process run, for the last epoch "
         "(train, valid) and the test set after training; \"bounded\" rows time only the first "
-        "steps of an epoch and scale them to a full epoch.", "",
+        "steps of an epoch and scale them to a full epoch. Every time here is a training "
+        f"run's own, marked {SHARED}: the trained runs shared the machine with other work at "
+        "times (their provenance below says what), the bounded ones are single runs of "
+        "TensorFlow 2.15 not checked for it, so the speed-ups between them are no measurement; "
+        "`make timing`'s, on an idle machine, are at the end.", "",
         *table(fp32_only(runs)), "", "![perplexity per epoch](runs/perplexity.png) "
         "![words/sec against workers](runs/wps.png)", "",
         "Per epoch: the longest fp32 runs of each config, and its longest bf16 run beside them.",
@@ -643,68 +560,17 @@ def results_readme(all_runs):
         "The tables above but the bf16 one are of runs on tf-keras (Keras 2), the default "
         "before Keras 3 (docs/keras3.md). Runs on Keras 3, against the tf-keras run of the "
         "same config, workers and precision:", "", *keras3_table(all_runs), "",
+        "Time per epoch, one process against 2 workers, on an idle machine unless said (`make "
+        "timing`: bounded runs of each side in turns; a run's time per epoch is its median "
+        "step after the first log window times the steps of the config's full epoch; the "
+        "median row takes each column's median over the rounds, and the median of the rounds' "
+        "ratios):", "", *timing_section(timed),
         "Runs (command, date, machine):", "",
-        *provenance(all_runs), ""])
+        *provenance(timed), ""])
 
 
-def build():
-    runs = load_all()
-    if not runs:
-        sys.exit("error: no runs under results/runs/; record some first")
-    plots(tf_keras_only(runs))
-    path = os.path.join(REPO, "README.md")
-    with open(path) as f:
-        text = f.read()
-    with open(path, "w") as f:
-        f.write(replace_block(text, BEGIN, END, results_block(runs)))
+def write(runs):
+    """README's table and results/README.md, from `runs` (all of results/runs/)."""
+    rewrite_block(os.path.join(REPO, "README.md"), BEGIN, END, results_block(runs))
     with open(os.path.join(RESULTS, "README.md"), "w") as f:
         f.write(results_readme(runs))
-    study = netstudy_block()
-    if study:
-        path = os.path.join(REPO, "docs", "network.md")
-        with open(path) as f:
-            text = f.read()
-        with open(path, "w") as f:
-            f.write(replace_block(text, NET_BEGIN, NET_END, study))
-    print(f"README.md table, results/README.md and results/runs/*.png rebuilt from {len(runs)} "
-          "runs")
-
-
-def read_events(path):
-    """The events of a metrics.jsonl, or of the one in folder `path`."""
-    path = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def side_by_side(run_a, run_b, label_a, label_b, first=1):
-    """Markdown rows: each epoch from `first` that both runs finished, "a / b" in each cell."""
-    a, b = (epoch_ends(read_events(path)) for path in (run_a, run_b))
-    rows = [f"| epoch | lr, {label_a} / {label_b} | train | valid |", "|" + " --- |" * 4]
-    for n in sorted(set(a) & set(b)):
-        if n >= first:
-            rows.append(f"| {n} | {a[n]['lr']:.4g} / {b[n]['lr']:.4g} | "
-                        f"{a[n]['train_ppl']:.2f} / {b[n]['train_ppl']:.2f} | "
-                        f"{a[n]['valid_ppl']:.2f} / {b[n]['valid_ppl']:.2f} |")
-    return rows
-
-
-def main(argv):
-    if argv[:1] == ["build"]:
-        build()
-    elif argv[:1] == ["record"] and len(argv) > 4 and argv[2] in ("full", "partial", "bounded") \
-            and argv[3] == "--":
-        record(argv[1], argv[2], argv[4:])
-    elif argv[:1] == ["side-by-side"] and len(argv) in (5, 6):
-        print("\n".join(side_by_side(*argv[1:5], *map(int, argv[5:]))))
-    elif argv[:1] == ["keep"] and len(argv) == 5:  # adopt a run made by hand: NAME KIND DIR CMD
-        env = json.loads(subprocess.run([sys.executable, os.path.join(REPO, "scripts",
-                                                                      "record_env.py")],
-                                        capture_output=True, text=True, check=True).stdout)
-        keep(argv[1], argv[2], argv[4], argv[3], env)
-    else:
-        sys.exit(__doc__)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

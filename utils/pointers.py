@@ -1,0 +1,143 @@
+"""A run's checkpoint folders and their pointer files (TensorFlow's `checkpoint`, which lists the
+checkpoints saved beside it): what they list, what is wrong with a damaged one, one written
+anew, and the newest checkpoint, which a stopped run's last line names (kept_text).
+
+Loaded without TensorFlow, as utils/cli.py's stop lines and the watchdog's thread are: those
+read a pointer by hand (newest_checkpoint); the parser of the others is TensorFlow's message,
+imported when a pointer is first parsed or written (by utils/checkpoints.py and evaluate.py,
+which have TensorFlow loaded already)."""
+import os
+import re
+import sys
+
+from data import ptb
+from utils.errors import first_line, os_reason
+
+CHECKPOINTS = "checkpoints"  # a run's folder of checkpoints, in its --output_dir
+IN_EPOCH = "steps"  # subfolder of the checkpoints saved inside an epoch
+POINTER = "checkpoint"  # the file in a checkpoint folder that lists its checkpoints
+CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)\.index$")  # a checkpoint's index: ckpt-N.index
+
+
+def checkpoint_folder(output_dir):
+    """The folder of a run's checkpoints (its epoch ends; IN_EPOCH below it the others)."""
+    return os.path.join(output_dir, CHECKPOINTS)
+
+
+def newest_checkpoint(folder):
+    """The newest checkpoint's path in a run's checkpoint folder, from the pointer files alone
+    (no TensorFlow: the watchdog's thread calls it while the main thread is stuck): the epoch
+    ends' pointer or the in-epoch one, whichever was written last; None if neither exists."""
+    newest, newest_time = None, None
+    for pointer in (os.path.join(folder, POINTER), os.path.join(folder, IN_EPOCH, POINTER)):
+        try:
+            with open(pointer) as f:
+                name = f.readline().split('"')[1]
+            written = os.path.getmtime(pointer)
+        except (OSError, IndexError, ValueError):  # none, or damaged: not text, no name
+            continue
+        if newest_time is None or written > newest_time:
+            newest, newest_time = os.path.join(os.path.dirname(pointer), name), written
+    return newest
+
+
+def kept_text(output_dir):
+    """What a stopped run leaves on disk, for its last line: the newest checkpoint in the run's
+    --output_dir by name, or that there is none; either way, the same command with --resume
+    goes on. output_dir None: a process stopped before it knew its run."""
+    folder = checkpoint_folder(output_dir) if output_dir else None
+    newest = newest_checkpoint(folder) if folder else None
+    if newest:
+        return f"the newest checkpoint, {newest}, is kept: rerun with --resume to continue from it"
+    where = f" in {folder}" if folder else ""
+    return (f"no checkpoint was saved yet{where}: rerun the same command (--resume or not) to "
+            "start afresh")
+
+
+def _pointer_format():
+    """(protobuf's text_format, TensorFlow's CheckpointState): how TensorFlow's CheckpointManager
+    parses and writes a pointer file (it has no public parser that says why a file does not
+    parse); imported here, as the module of the message loads all of TensorFlow."""
+    from google.protobuf import text_format
+    from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
+    return text_format, CheckpointState
+
+
+def listed(folder):
+    """The checkpoints the pointer file in `folder` lists, oldest first ([] without one). Where
+    the pointer is damaged, or missing beside checkpoints, a warning line names it and the
+    checkpoints are taken by their files (each is read whole or skipped as damaged after)."""
+    damage = pointer_damage(folder)
+    if damage:
+        found = checkpoint_files(folder)
+        print(f"warning: {os.path.join(folder, POINTER)} {damage}; taking the checkpoints there "
+              f"by their files instead: {', '.join(map(os.path.basename, found)) or 'none'}",
+              file=sys.stderr, flush=True)
+        return found
+    state = read_pointer(folder)
+    if state is None:
+        return []
+    names = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    return [os.path.join(folder, name) for name in names]  # as TensorFlow reads them
+
+
+def read_pointer(folder):
+    """The pointer file of `folder` parsed as TensorFlow does (a CheckpointState); None without
+    one. Raises ValueError (or OSError) saying what is wrong with a damaged one."""
+    text_format, checkpoint_state = _pointer_format()
+    try:
+        with open(os.path.join(folder, POINTER), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    if not raw.strip():
+        raise ValueError("is empty")
+    try:
+        state = text_format.Merge(raw.decode("utf-8"), checkpoint_state())
+    except UnicodeDecodeError:
+        raise ValueError("is not text") from None
+    except text_format.ParseError as e:
+        raise ValueError(f"does not parse ({first_line(e)})") from None
+    if not state.model_checkpoint_path:
+        raise ValueError("names no checkpoint")
+    return state
+
+
+def pointer_damage(folder):
+    """What is wrong with the pointer file of `folder`, for a line ("is empty", say); None if it
+    reads, or if there is neither a pointer nor a checkpoint there."""
+    try:
+        if read_pointer(folder) is not None or not checkpoint_files(folder):
+            return None
+        return "is missing beside checkpoints"
+    except ValueError as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot be read ({os_reason(e)})"
+
+
+def checkpoint_files(folder):
+    """The checkpoints in `folder` by their index files, oldest (lowest number) first."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    numbers = sorted(int(m.group(1)) for m in map(CHECKPOINT_FILE.match, names) if m)
+    return [os.path.join(folder, f"ckpt-{n}") for n in numbers]
+
+
+def write_pointer(folder, paths):
+    """The pointer file of `folder` listing the checkpoints `paths` (oldest first) as
+    TensorFlow's manager writes it: their names, each with its index file's time, all after the
+    last preserved time, so that the manager keeps counting them; without any, no pointer."""
+    text_format, checkpoint_state = _pointer_format()
+    target = os.path.join(folder, POINTER)
+    if not paths:
+        os.remove(target)
+        return
+    times = [os.path.getmtime(p + ".index") for p in paths]
+    names = [os.path.basename(p) for p in paths]
+    state = checkpoint_state(model_checkpoint_path=names[-1], all_model_checkpoint_paths=names,
+                             all_model_checkpoint_timestamps=times,
+                             last_preserved_timestamp=min(times) - 1)
+    ptb.write_whole(target, text_format.MessageToString(state))
