@@ -115,7 +115,8 @@ def test_against_without_against_or_with_a_bare_directory_is_one_line(tmp_path):
 
 # The benchmark's whole path, each make target as `make -n` gives its command, on the tiny
 # config: a few steps a run, one round. Its rows' labels written out by hand. The bound's 2
-# copies run half the steps and must run together for a second: 150 tiny steps of one thread.
+# copies run half the steps and must run together for a second: 150 tiny steps of one thread
+# (run again with twice the steps where they did not: a start-up a second late once ended it).
 TINY_BENCH = f"--configs {TINY} --steps 300 --rounds 1"
 PEER = os.path.join(REPO, ".venv-peer", "bin", "python")
 
@@ -274,6 +275,29 @@ def test_make_bench_tune_times_each_variant_on_the_tiny_config(ptb_path, tmp_pat
     assert all(result[name]["wps"] > 0 for name in names) and result["config"] == "tiny"
     assert [line.split("  ")[1].strip() for line in table(stdout, "2 ranks x 1 thread on one host")
             if line.startswith("  tiny, ")] == names
+
+
+@pytest.mark.parametrize("late_until, says", [
+    (200, "ran together for 0.0 s only; again with 200 steps each"),
+    (10**6, "did not run together for a second (0.0 s), even with 400 steps; give them more")])
+def test_copies_that_did_not_run_together_run_again_with_twice_the_steps(
+        ptb_path, late_until, says, capfd, monkeypatch):
+    """The bound's 2 copies once started 1 s apart and ran 1 s each (CI, 2026-12-02): measured
+    together for less than a second, the benchmark failed. Real trainers, the second started
+    only when the first has ended (tests/late_copy.py) while they run fewer than `late_until`
+    steps: they run again with twice the steps, up to 4 times the first, then one line."""
+    monkeypatch.setenv("PTB_LATE_UNTIL_STEPS", str(late_until))
+    launcher = [sys.executable, os.path.join(REPO, "tests", "late_copy.py")]
+    if late_until == 200:
+        wps, how, rss = common.run_trainer(launcher, TINY, 100, 10, ptb_path, copies=2)
+        assert wps > 0 and rss > 0 and how.startswith("2 copies together for "), how
+    else:
+        with pytest.raises(SystemExit) as ended:
+            common.run_trainer(launcher, TINY, 100, 10, ptb_path, copies=2)
+        assert "benchmark: the 2 copies of" in str(ended.value), ended.value
+        assert says in str(ended.value) and "\n" not in str(ended.value)
+        says = "only; again with 400 steps each"
+    assert says in capfd.readouterr().err
 
 
 def test_the_ceiling_floor_and_layer_profile_modes_on_the_tiny_config(tmp_path):

@@ -180,7 +180,34 @@ def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), co
     """Run `copies` of a trainer side by side for `steps` steps each; returns (words/sec, how it
     was measured, peak RSS MB of one trainer, rank 0 under mpirun). One trainer: the median of
     its windows. Several: all their words while all of them run, over that time, so that a copy
-    still starting or already done does not count as running beside the others."""
+    still starting or already done does not count as running beside the others. Copies whose
+    start-ups differed by about their whole run did not run together for a second: they run
+    again with twice the steps, twice at most."""
+    for attempt in range(3):
+        runs = run_copies(launcher, config_name, steps, log_every, data_path, extra, copies)
+        rss = max(r.peak_rss_mb for r in runs)
+        if copies == 1:
+            times, done, words, _ = runs[0]
+            windows = [(b - a) * words / (t1 - t0)
+                       for a, b, t0, t1 in zip(done, done[1:], times, times[1:])]
+            return statistics.median(windows), f"median of {len(windows)} windows", rss
+        start, end = max(r.times[0] for r in runs), min(r.times[-1] for r in runs)
+        if end - start >= 1:
+            words = sum((np.interp(end, times, done) - np.interp(start, times, done)) * per_step
+                        for times, done, per_step, _ in runs)
+            return words / (end - start), f"{copies} copies together for {end - start:.1f} s", rss
+        if attempt < 2:
+            print(f"benchmark: the {copies} copies of {config_name} ran together for "
+                  f"{max(end - start, 0):.1f} s only; again with {2 * steps} steps each",
+                  file=sys.stderr, flush=True)
+            steps *= 2
+    raise SystemExit(f"benchmark: the {copies} copies of {config_name} did not run together "
+                     f"for a second ({max(end - start, 0):.1f} s), even with {steps} steps; "
+                     "give them more --steps")
+
+
+def run_copies(launcher, config_name, steps, log_every, data_path, extra, copies):
+    """The progress of `copies` runs of a trainer started side by side (a failed one exits)."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, str(i)) for i in range(copies)]
         cmds = [[*launcher, "--config", config_name, "--data_path", data_path, "--output_dir", out,
@@ -192,20 +219,7 @@ def run_trainer(launcher, config_name, steps, log_every, data_path, extra=(), co
             stderr = proc.communicate()[1]
             if proc.returncode:
                 raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{stderr.decode()}")
-        runs = [read_progress(os.path.join(out, "metrics.jsonl")) for out in outs]
-    rss = max(r.peak_rss_mb for r in runs)
-    if copies == 1:
-        times, done, words, _ = runs[0]
-        windows = [(b - a) * words / (t1 - t0)
-                   for a, b, t0, t1 in zip(done, done[1:], times, times[1:])]
-        return statistics.median(windows), f"median of {len(windows)} windows", rss
-    start, end = max(r.times[0] for r in runs), min(r.times[-1] for r in runs)
-    if end - start < 1:
-        raise SystemExit(f"benchmark: the {copies} copies of {config_name} did not run together "
-                         f"for a second ({max(end - start, 0):.1f} s); give them more --steps")
-    words = sum((np.interp(end, times, done) - np.interp(start, times, done)) * per_step
-                for times, done, per_step, _ in runs)
-    return words / (end - start), f"{copies} copies together for {end - start:.1f} s", rss
+        return [read_progress(os.path.join(out, "metrics.jsonl")) for out in outs]
 
 
 Progress = namedtuple("Progress", "times steps words_per_step peak_rss_mb")
