@@ -53,6 +53,12 @@ DAMAGE = {
     "data file overwritten": (lambda ck: overwrite(os.path.join(ck, DATA)), BEFORE_IT),
     "index overwritten": (lambda ck: overwrite(os.path.join(ck, NEWEST + ".index")), BEFORE_IT),
     "pointer names files that are gone": (remove_newest, BEFORE_IT),
+    # the files of ckpt-3 there, its pointer naming only a ckpt-4 that is not: once read as
+    # the pointer listed it, ckpt-4 alone, damaged, and steps/ckpt-28 taken, an older state
+    "pointer names only a checkpoint not there": (
+        lambda ck: overwrite(os.path.join(ck, "checkpoint"),
+                             b'model_checkpoint_path: "ckpt-4"\n'
+                             b'all_model_checkpoint_paths: "ckpt-4"\n'), NEWEST),
     "pointer empty": (lambda ck: overwrite(os.path.join(ck, "checkpoint"), b""), NEWEST),
     "pointer not text": (lambda ck: overwrite(os.path.join(ck, "checkpoint")), NEWEST),
     "in-epoch pointer cut, data file overwritten": (
@@ -63,14 +69,20 @@ DAMAGE = {
 WARNINGS = {
     "data file overwritten": [rf"checkpoint {{ck}}/{NEWEST} is damaged \(.+\)"],
     "index overwritten": [rf"checkpoint {{ck}}/{NEWEST} is damaged \(.+\)"],
-    "pointer names files that are gone": [
-        rf"checkpoint {{ck}}/{NEWEST} is damaged \(.*Failed to find any matching files.*\)"],
+    "pointer names files that are gone": [],
+    "pointer names only a checkpoint not there": [],
     "pointer empty": [],
     "pointer not text": [],
     "in-epoch pointer cut, data file overwritten": [
         rf"checkpoint {{ck}}/{NEWEST} is damaged \(.+\)"],
 }
 POINTER_WARNINGS = {
+    "pointer names files that are gone":
+        r"warning: {ck}/checkpoint names ckpt-3, which is not there; taking the checkpoints "
+        r"there by their files instead: ckpt-1, ckpt-2",
+    "pointer names only a checkpoint not there":
+        r"warning: {ck}/checkpoint names ckpt-4, which is not there; taking the checkpoints "
+        r"there by their files instead: ckpt-1, ckpt-2, ckpt-3",
     "pointer empty": r"warning: {ck}/checkpoint is empty; taking the checkpoints there by their "
                      r"files instead: ckpt-1, ckpt-2, ckpt-3",
     "pointer not text": r"warning: {ck}/checkpoint is not text; taking the checkpoints there by "

@@ -63,3 +63,20 @@ def test_every_probe_results_and_docs_name_is_there():
                     missing.append(f"{path}: {probe}")
     assert len(named) > 8, named
     assert not missing, "\n".join(missing)
+
+
+def test_a_probe_without_its_arguments_or_its_tensorflow_says_so_in_one_line():
+    """The two probes that take arguments, started without them (an IndexError, once), and
+    bf16_gpu_kernels.py by a Python without TensorFlow (it wants the GPU wheel in a venv of its
+    own): one line naming what is missing, a non-zero exit, no traceback."""
+    runs = [([sys.executable, "scripts/probes/tf_distribute_peer_errors.py"],
+             "the following arguments are required: tries, kinds"),
+            ([sys.executable, "scripts/probes/timeline_summary.py", "timeline.json"],
+             "the following arguments are required: steps"),
+            (["/usr/bin/python3", "scripts/probes/bf16_gpu_kernels.py"],
+             "/usr/bin/python3 has no TensorFlow; run this probe with the GPU wheel")]
+    for command, says in runs:
+        r = subprocess.run(command, cwd=REPO, env=script_env(), capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert says in r.stderr.strip().splitlines()[-1], r.stderr

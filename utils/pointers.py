@@ -105,15 +105,24 @@ def read_pointer(folder):
 
 def pointer_damage(folder):
     """What is wrong with the pointer file of `folder`, for a line ("is empty", say); None if it
-    reads, or if there is neither a pointer nor a checkpoint there."""
+    reads and every checkpoint it names is there, or if there is neither a pointer nor a
+    checkpoint there."""
     try:
-        if read_pointer(folder) is not None or not checkpoint_files(folder):
-            return None
-        return "is missing beside checkpoints"
+        state = read_pointer(folder)
+        if state is None:
+            return "is missing beside checkpoints" if checkpoint_files(folder) else None
     except ValueError as e:
         return str(e)
     except OSError as e:
         return f"cannot be read ({os_reason(e)})"
+    # a checkpoint deleted by hand, or by TensorFlow's manager in a save a kill cut short (it
+    # deletes the oldest before it rewrites the pointer): the others it lists may be older than
+    # ones there that it does not list
+    names = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    gone = [n for n in names if not os.path.exists(os.path.join(folder, n) + ".index")]
+    if gone:
+        return f"names {', '.join(gone)}, which {'is' if len(gone) == 1 else 'are'} not there"
+    return None
 
 
 def checkpoint_files(folder):

@@ -4,8 +4,15 @@ Run with the GPU wheel (pip install tensorflow==2.21.0, no GPU needed: kernels a
 when the library loads) in a venv of its own:
     python scripts/probes/bf16_gpu_kernels.py
 """
-import tensorflow as tf
-from tensorflow.python.framework import kernels
+import sys
+
+try:
+    import tensorflow as tf
+    from tensorflow.python.framework import kernels
+except ModuleNotFoundError:
+    sys.exit(f"error: {sys.executable} has no TensorFlow; run this probe with the GPU wheel "
+             "in a venv of its own: python -m venv gpu && gpu/bin/pip install "
+             "tensorflow==2.21.0 && gpu/bin/python scripts/probes/bf16_gpu_kernels.py")
 
 
 def main():

@@ -4,6 +4,7 @@ of each. Run from the repository's root:
 
     .venv/bin/python scripts/probes/tf_distribute_peer_errors.py 5 kill stop
 """
+import argparse
 import os
 import pathlib
 import signal
@@ -39,7 +40,13 @@ def one_try(kind, i, corpus, tmp):
 
 
 def main():
-    tries, kinds = int(sys.argv[1]), sys.argv[2:]
+    p = argparse.ArgumentParser(description="The error class a tf.distribute worker's "
+                                "collective raises when its peer is killed or frozen.")
+    p.add_argument("tries", type=int, help="tries of each kind")
+    p.add_argument("kinds", nargs="+", choices=("kill", "stop"),
+                   help="kill: the peer SIGKILLed (a lost host); stop: SIGSTOPped (a frozen one)")
+    args = p.parse_args()
+    tries, kinds = args.tries, args.kinds
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="peer-errors-"))
     corpus = str(write_corpus(tmp / "corpus", patterned_sentences(2400, 0),
                               patterned_sentences(200, 1), patterned_sentences(200, 2)))

@@ -4,8 +4,8 @@
     python timeline_summary.py TIMELINE.json STEPS [SKIP_S]
 
 SKIP_S: seconds from the first event left out (tracing, the first steps)."""
+import argparse
 import json
-import sys
 from collections import defaultdict
 
 
@@ -44,8 +44,14 @@ def union(spans):
 
 
 def main():
-    path, steps = sys.argv[1], int(sys.argv[2])
-    skip = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+    p = argparse.ArgumentParser(description="Wall time of each Horovod timeline activity, "
+                                "per training step.")
+    p.add_argument("timeline", help="the JSON file HOROVOD_TIMELINE wrote")
+    p.add_argument("steps", type=int, help="training steps the timeline covers")
+    p.add_argument("skip_s", type=float, nargs="?", default=0,
+                   help="seconds from the first event left out (tracing, the first steps)")
+    args = p.parse_args()
+    path, steps, skip = args.timeline, args.steps, args.skip_s
     events = [e for e in load(path) if "ts" in e]
     t0 = min(e["ts"] for e in events) + skip * 1e6
     spans = intervals(e for e in events if e["ts"] >= t0)
