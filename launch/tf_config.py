@@ -72,7 +72,10 @@ def free_ports(n):
 
 def run_workers(n, command, grace):
     addresses = [f"localhost:{port}" for port in free_ports(n)]
-    procs = [subprocess.Popen(command, env=dict(os.environ, TF_CONFIG=tf_config(addresses, i)))
+    # PTB_LOCAL_WORKER: the workers share this terminal, so that a line each would say alike
+    # (a Python without TensorFlow, say) is said by worker 0 alone (utils.LAUNCHER_RANKS)
+    procs = [subprocess.Popen(command, env=dict(os.environ, TF_CONFIG=tf_config(addresses, i),
+                                                PTB_LOCAL_WORKER=str(i)))
              for i in range(n)]
 
     def pass_on(signum, frame):

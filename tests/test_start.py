@@ -79,14 +79,18 @@ def test_a_python_without_tensorflow_or_horovod_stops_every_script_in_one_line()
                        "there\n", r.stderr
 
 
-def test_readmes_mpirun_line_under_a_python_without_tensorflow_is_one_line_for_the_job():
+@pytest.mark.parametrize("launcher", ["mpirun", "launch/tf_config.py"])
+def test_readmes_mpirun_line_under_a_python_without_tensorflow_is_one_line_for_the_job(launcher):
     """README's `mpirun -np 2 python lm_ptb_distributed.py ...` typed with the system's Python:
-    each rank printed the line (two, the same); rank 0 now says it for the job, exit 2."""
+    each rank printed the line (two, the same); rank 0 now says it for the job, exit 2. The same
+    for launch/tf_config.py's 2 workers on one host (lm_ptb_tf_distribute.py)."""
     python = python_without_tensorflow()
-    r = subprocess.run(["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
-                        "--oversubscribe", "-np", "2", python, "lm_ptb_distributed.py",
-                        "--config", "config_small"], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, env=script_env())
+    command = (["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+                "--oversubscribe", "-np", "2", python, "lm_ptb_distributed.py"]
+               if launcher == "mpirun" else
+               [python, "launch/tf_config.py", "-n", "2", "--", python, "lm_ptb_tf_distribute.py"])
+    r = subprocess.run([*command, "--config", "config_small"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=script_env())
     assert r.returncode != 0, r
     said = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
     assert said == [f"error: {python} has no tensorflow: start the scripts with .venv/bin/python "

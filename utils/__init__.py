@@ -36,8 +36,11 @@ SETUP_PACKAGES = ("tensorflow", "horovod", "numpy", "keras", "tf_keras", "matplo
 
 # Where launchers put a process's rank, for the lines said before the trainer knows it from
 # Horovod (or its strategy), or knows the packages are there: Open MPI's mpirun, Slurm's srun
-# with PMIx (or PMI-2, MPICH's and Intel MPI's mpiexec), horovodrun without MPI.
-LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK")
+# with PMIx (or PMI-2, MPICH's and Intel MPI's mpiexec), horovodrun without MPI, and
+# launch/tf_config.py -n N's workers, all on its host (a TF_CONFIG alone may be a worker's on a
+# host of its own, whose lines no other worker says).
+LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK",
+                  "PTB_LOCAL_WORKER")
 
 
 def launcher_rank():
