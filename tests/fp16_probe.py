@@ -10,7 +10,7 @@ reload, rank 0 saves the model after epoch 1 and every rank goes on from hvd.loa
 its loss scale and steps included; resume, the same but rank 0 alone loads it and the others
 go on from a fresh model compiled as in inner (Horovod's resume pattern), the broadcast
 callback bringing them rank 0's weights, loss scale and steps; resume_outer, the others' model
-compiled as in outer. Every model starts at 0, so all start alike. The one process
+compiled as in outer; resume_outer_built, the same with their LossScaleOptimizer built first. Every model starts at 0, so all start alike. The one process
 is plain Keras (no Horovod) on every rank, before the ranks train. Writes one JSON file per
 rank ($PROBE_OUT): for each case the weights, the loss scale, the steps counted, which optimizer
 is Horovod's, and after fit one more allreduce, which pairs with another rank's only if every
@@ -85,6 +85,10 @@ def compiled(kind, module, wrap):
     sgd = module.SGD(learning_rate=0.05)
     if wrap == "outer":
         optimizer = hvd.DistributedOptimizer(keras.mixed_precision.LossScaleOptimizer(sgd))
+    elif wrap == "outer_built":  # its LossScaleOptimizer built before Horovod's wraps it
+        scaling = keras.mixed_precision.LossScaleOptimizer(sgd)
+        scaling.build(model.trainable_variables)
+        optimizer = hvd.DistributedOptimizer(scaling)
     else:
         optimizer = hvd.DistributedOptimizer(sgd)
     model.compile(optimizer=optimizer, loss="mse")
@@ -133,8 +137,39 @@ def reload_cases():
     if not KERAS3:
         return {}
     return {f"{how}-{kind}": (kind, optimizer_modules()["keras3"], "keras", how)
-            for how in ("reload", "resume", "resume_outer")
+            for how in ("reload", "resume", "resume_outer", "resume_outer_built")
             for kind in ("functional", "subclassed")}
+
+
+def kept_state():
+    """Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer built and set by hand (loss
+    scale 8, step counter 7; its SGD's 2 steps and momentum 0.19 in every slot), and of one not
+    built around an SGD built and set alone: what the optimizers Horovod made hold, and which
+    is Horovod's."""
+    model = model_of("functional")
+    out = {}
+    for case in ("built", "inner_built"):
+        sgd = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+        scaling = keras.mixed_precision.LossScaleOptimizer(sgd, initial_scale=256)
+        if case == "built":
+            scaling.build(model.trainable_variables)
+            scaling.dynamic_scale.assign(8.0)
+            scaling.step_counter.assign(7)
+        else:
+            sgd.build(model.trainable_variables)
+        sgd.iterations.assign(2)
+        for slot in sgd.momentums:
+            slot.assign(tf.fill(slot.shape, 0.19))
+        made = hvd.DistributedOptimizer(scaling)
+        inner = made.inner_optimizer
+        out[case] = {"horovods": "inner" if is_horovods(inner) else None,
+                     "built": made.built,
+                     "scale": float(made.dynamic_scale.numpy()) if made.built else None,
+                     "step_counter": int(made.step_counter.numpy()) if made.built else None,
+                     "iterations": int(inner.iterations.numpy()),
+                     "momentums": [float(v) for slot in inner.momentums
+                                   for v in slot.numpy().ravel()]}
+    return out
 
 
 def main():
@@ -148,7 +183,10 @@ def main():
     for name, (kind, module, suffix, how) in reload_cases().items():
         out[name] = ranks(kind, module, "inner", reload_to=os.path.join(folder, f"{name}.{suffix}"),
                           load_on_every_rank=how == "reload",
-                          others_wrap="outer" if how == "resume_outer" else None)
+                          others_wrap={"resume_outer": "outer",
+                                       "resume_outer_built": "outer_built"}.get(how))
+    if KERAS3:
+        out["kept_state"] = kept_state()
     if hvd.rank() == 0:  # every rank has loaded (the allreduce after its fit paired)
         shutil.rmtree(folder)
     report(out)

@@ -86,6 +86,60 @@ def test_the_stand_in_gpu_makes_keras_choose_xla_where_horovod_is_not():
     assert r.stdout.split()[-4:] == ["True", "False", "False", "1"], r.stdout
 
 
+# tf-keras selected (tf.keras is tf-keras) and Keras 3 imported by itself beside it, after
+# horovod.tensorflow: Keras 3's "auto" before hvd.init(), after it, and a train_step of one's
+# own with the tape, fitted an epoch on one rank.
+KERAS3_BESIDE_TF_KERAS = """import sys
+sys.path.insert(0, "tests")
+import utils
+tf = utils.import_tensorflow()
+from stand_in_gpus import stand_in
+stand_in(1)
+import horovod.tensorflow as hvd
+import keras
+def compiled():
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+before_init = bool(compiled().jit_compile)
+hvd.init()
+after_init = bool(compiled().jit_compile)
+class Tape(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+    def call(self, x):
+        return self.dense(x)
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+model = Tape()
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+x = tf.ones((16, 3))
+model.fit(x, tf.ones((16, 1)), batch_size=8, epochs=1, verbose=0)
+print(tf.keras.__name__.partition(".")[0], keras.__version__[0], before_init, after_init,
+      bool(model.jit_compile))
+"""
+
+
+def test_keras3_imported_beside_tf_keras_after_horovod_gets_no_auto_xla_from_hvd_init():
+    """Patch 37's rule on Keras 3's own Model where it is not tf.keras: tf-keras selected, a
+    user's `import keras` after horovod.tensorflow's. Before hvd.init() Keras 3 still chooses
+    XLA where the stand-in GPU is listed (the rule reaches a Keras imported later at hvd.init()
+    or at Horovod's optimizer, not before); after it "auto" is False, and a train_step of one's
+    own with hvd.DistributedGradientTape trains, where it went to XLA and stopped at its first
+    batch in patch 30's line (a review's probe, before the rule reached Keras 3's Model)."""
+    r = run_script(["-c", KERAS3_BESIDE_TF_KERAS], env={"PTB_KERAS": "2"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-5:] == ["tf_keras", "3", "True", "False", "False"], r.stdout
+
+
 @KERAS
 def test_model_fit_compiled_as_written_on_a_gpu_host_is_one_process(xla, keras):
     """Patches 31 and 37. With a GPU listed (a stand-in; the steps run on the CPU), Keras 3's

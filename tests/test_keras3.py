@@ -226,9 +226,49 @@ def test_hvd_load_model_of_a_mixed_float16_model_goes_on_with_its_loss_scale(pro
     collective and rank 1 in another: the job hung. (Not on tf-keras, whose own
     files keep no loss scale: docs/keras3.md.)"""
     ranks = probes("fp16_probe.py", "3")
-    for how in ("reload", "resume", "resume_outer"):
+    for how in ("reload", "resume", "resume_outer", "resume_outer_built"):
         for model in ("functional", "subclassed"):
             fp16_agrees(ranks, f"{how}-{model}", "3", ranks[0]["one"]["keras3"], "inner")
+
+
+def test_horovods_optimizer_of_a_built_loss_scale_optimizer_keeps_its_state(probes):
+    """Patch 41 on Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer goes inside it
+    whether or not it was built (resume_outer_built above: a built one was wrapped the other
+    way round and the job hung beside rank 0's hvd.load_model), and what was built keeps its
+    values, set by hand before (tests/fp16_probe.py kept_state): a built one its loss scale 8
+    (the optimizer made anew started at 256), step counter 7, the SGD's 2 steps and its momentum
+    slots at 0.19 (4 numbers: a kernel of 3 and a bias); an SGD built alone inside one not
+    built, its own 2 steps and slots (once made anew from its config: 0 and zeros)."""
+    for rank in (0, 1):
+        kept = probes("fp16_probe.py", "3")[rank]["kept_state"]
+        for case, built, scale, counter in (("built", True, 8.0, 7),
+                                            ("inner_built", False, None, None)):
+            out = dict(kept[case])
+            np.testing.assert_allclose(out.pop("momentums"), [0.19] * 4, rtol=1e-6, err_msg=case)
+            assert out == {"horovods": "inner", "built": built, "scale": scale,
+                           "step_counter": counter, "iterations": 2}, (case, out)
+
+
+@KERAS
+def test_horovods_resume_pattern_with_models_no_rank_fitted_ends_at_one_processs_weights(keras):
+    """Patch 42: rank 0 hvd.load_model of a model saved by one process after an epoch of Adam,
+    rank 1 a fresh model built by a call and compiled with Horovod's optimizer, neither fitted
+    before (tests/resume_probe.py), then an epoch with BroadcastGlobalVariablesCallback(0). On
+    Keras 3 the subclassed model's variables are named `linear/dense/kernel` where it was built
+    and `dense/kernel` where it was loaded, its Adam's slots alike; the broadcasts, named after
+    them, never paired and model.fit hung (the probe killed at its timeout). A functional and a
+    subclassed model on each Keras end at the weights and step count of one process's 2 epochs
+    on the whole batch, on both ranks."""
+    ranks = probe_on_two_ranks(os.path.join("tests", "resume_probe.py"), env={"PTB_KERAS": keras},
+                               timeout=240)
+    for kind in ("functional", "subclassed"):
+        one = ranks[0][f"one-{kind}"]
+        assert one["iterations"] == 2 * 4, one  # 2 epochs of 4 batches, by hand
+        for rank in (0, 1):
+            out = ranks[rank][kind]
+            assert out["iterations"] == one["iterations"], (kind, rank, out)
+            np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{kind}, rank {rank}")
 
 
 def test_apply_takes_the_variables_as_an_iterator(probes):
