@@ -11,12 +11,14 @@ import random
 import re
 import shutil
 import signal
+import time
 
 import pytest
 
 from tests.helpers import IS_ROOT, TINY, mpirun, read_only_folder, run_script
 from tests.test_faults import assert_error_line, snapshot
 from utils.config import load_config
+from utils.pointers import checkpoint_files, kept_text, newest_checkpoint, write_pointer
 
 RUN_ARGS = ["--config", TINY, "--set", "steps_per_epoch=10", "--set", "eval_steps=2",
             "--set", "checkpoint_every=4"]
@@ -48,6 +50,17 @@ def empty_folder(ck):
     os.mkdir(ck)
 
 
+def pointer_into_a_copy(ck):
+    """The pointer of `ck` naming, by absolute paths, the checkpoints of a copy of `ck` beside it,
+    whose files must stay as they are."""
+    other = ck + "-other"
+    shutil.copytree(ck, other)
+    names = [os.path.join(other, f"ckpt-{n}") for n in (1, 2, 3)]
+    overwrite(os.path.join(ck, "checkpoint"), "".join(
+        [f'model_checkpoint_path: "{names[-1]}"\n'] +
+        [f'all_model_checkpoint_paths: "{name}"\n' for name in names]).encode())
+
+
 # kind -> (how the copy's checkpoints folder is damaged, the checkpoint every reader then takes)
 DAMAGE = {
     "data file overwritten": (lambda ck: overwrite(os.path.join(ck, DATA)), BEFORE_IT),
@@ -59,6 +72,9 @@ DAMAGE = {
         lambda ck: overwrite(os.path.join(ck, "checkpoint"),
                              b'model_checkpoint_path: "ckpt-4"\n'
                              b'all_model_checkpoint_paths: "ckpt-4"\n'), NEWEST),
+    # its checkpoints named by absolute paths into a copy of the run beside it (a pointer
+    # copied from another run): once resumed from that run's ckpt-3, deleting its ckpt-1
+    "pointer names another run's checkpoints": (lambda ck: pointer_into_a_copy(ck), NEWEST),
     "pointer empty": (lambda ck: overwrite(os.path.join(ck, "checkpoint"), b""), NEWEST),
     "pointer not text": (lambda ck: overwrite(os.path.join(ck, "checkpoint")), NEWEST),
     "in-epoch pointer cut, data file overwritten": (
@@ -71,12 +87,17 @@ WARNINGS = {
     "index overwritten": [rf"checkpoint {{ck}}/{NEWEST} is damaged \(.+\)"],
     "pointer names files that are gone": [],
     "pointer names only a checkpoint not there": [],
+    "pointer names another run's checkpoints": [],
     "pointer empty": [],
     "pointer not text": [],
     "in-epoch pointer cut, data file overwritten": [
         rf"checkpoint {{ck}}/{NEWEST} is damaged \(.+\)"],
 }
 POINTER_WARNINGS = {
+    "pointer names another run's checkpoints":
+        r"warning: {ck}/checkpoint names .+-other/ckpt-1, .+-other/ckpt-2, .+-other/ckpt-3, "
+        r"outside {ck}; taking the checkpoints there by their files instead: ckpt-1, ckpt-2, "
+        r"ckpt-3",
     "pointer names files that are gone":
         r"warning: {ck}/checkpoint names ckpt-3, which is not there; taking the checkpoints "
         r"there by their files instead: ckpt-1, ckpt-2",
@@ -300,6 +321,9 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_resume_takes_the_one_befor
         state = tf.train.get_checkpoint_state(os.path.join(ck, folder))
         assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == kept, kind
     assert not os.path.exists(os.path.join(ck, "steps", "ckpt-24.index"))
+    if os.path.exists(ck + "-other"):  # the other run's files as they were
+        assert sorted(n for n in os.listdir(ck + "-other") if n.endswith(".index")) == [
+            "ckpt-1.index", "ckpt-2.index", "ckpt-3.index"]
 
 
 @pytest.mark.parametrize("kind", list(DAMAGE))
@@ -494,6 +518,28 @@ def test_a_baseline_of_another_config_or_of_two_workers_is_refused_in_one_line(k
     assert result["status"] == 0, result
     assert re.search(r"epoch 1/1 done .* \(single-process \d+\.\d s, speedup \d+\.\d\d×\)",
                      result["stdout"]), result["stdout"]
+
+
+def test_a_stop_line_names_the_newest_checkpoint_that_is_there(trained, tmp_path):
+    """The stop line's reader of the pointers (pointers.newest_checkpoint, without TensorFlow).
+    A resume past a steps/ pointer naming files that are gone rewrites that pointer (taking
+    steps/ckpt-24 by its file), which made it the newest pointer by its time: a stop then named
+    steps/ckpt-24 while the resume had taken ckpt-3, the end of epoch 3. And a pointer naming only
+    a ckpt-4 that is not there was named as kept. Both now: ckpt-3, the checkpoint the resume
+    takes (test_a_damaged_newest_checkpoint_... above)."""
+    gone = copy_of(trained, tmp_path, "steps ckpt-28 gone")
+    steps = gone / "checkpoints" / "steps"
+    for name in os.listdir(steps):
+        if name.startswith("ckpt-28."):
+            os.remove(steps / name)
+    time.sleep(0.01)  # the rewritten pointer's time after every checkpoint's
+    write_pointer(str(steps), checkpoint_files(str(steps)))  # as the resume rewrites it
+    only_4 = copy_of(trained, tmp_path, "pointer names only ckpt-4",
+                     DAMAGE["pointer names only a checkpoint not there"][0])
+    for run in (gone, only_4):
+        assert newest_checkpoint(str(run / "checkpoints")) == str(run / "checkpoints" / NEWEST)
+        assert kept_text(str(run)).startswith(
+            f"the newest checkpoint, {run}/checkpoints/{NEWEST}, is kept"), kept_text(str(run))
 
 
 def test_two_ranks_resume_past_a_damaged_pointer_and_a_damaged_newest_checkpoint(trained,

@@ -25,19 +25,25 @@ def checkpoint_folder(output_dir):
 
 
 def newest_checkpoint(folder):
-    """The newest checkpoint's path in a run's checkpoint folder, from the pointer files alone
-    (no TensorFlow: the watchdog's thread calls it while the main thread is stuck): the epoch
-    ends' pointer or the in-epoch one, whichever was written last; None if neither exists."""
+    """The newest checkpoint's path in a run's checkpoint folder, from the pointer files and the
+    files' times alone (no TensorFlow: the watchdog's thread calls it while the main thread is
+    stuck): of the checkpoint each pointer names, the epoch ends' or the in-epoch one, the one
+    whose index file was written last (a resume rewrites a damaged pointer: a newer pointer, not
+    a newer checkpoint); where a pointer names files that are gone, the newest of its folder's
+    files instead; None if there is none."""
     newest, newest_time = None, None
     for pointer in (os.path.join(folder, POINTER), os.path.join(folder, IN_EPOCH, POINTER)):
         try:
             with open(pointer) as f:
-                name = f.readline().split('"')[1]
-            written = os.path.getmtime(pointer)
-        except (OSError, IndexError, ValueError):  # none, or damaged: not text, no name
+                path = os.path.join(os.path.dirname(pointer), f.readline().split('"')[1])
+            if not os.path.exists(path + ".index"):
+                path = max(checkpoint_files(os.path.dirname(pointer)),
+                           key=lambda p: os.path.getmtime(p + ".index"))
+            written = os.path.getmtime(path + ".index")
+        except (OSError, IndexError, ValueError):  # none, damaged (not text, no name), no files
             continue
         if newest_time is None or written > newest_time:
-            newest, newest_time = os.path.join(os.path.dirname(pointer), name), written
+            newest, newest_time = path, written
     return newest
 
 
@@ -119,6 +125,12 @@ def pointer_damage(folder):
     # deletes the oldest before it rewrites the pointer): the others it lists may be older than
     # ones there that it does not list
     names = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    # a name in another folder (an absolute path, a pointer copied from another run): TensorFlow
+    # would resume from that run's checkpoint and delete its old ones as this run saves
+    elsewhere = [n for n in names if os.path.realpath(os.path.dirname(os.path.join(folder, n)))
+                 != os.path.realpath(folder)]
+    if elsewhere:
+        return f"names {', '.join(elsewhere)}, outside {folder}"
     gone = [n for n in names if not os.path.exists(os.path.join(folder, n) + ".index")]
     if gone:
         return f"names {', '.join(gone)}, which {'is' if len(gone) == 1 else 'are'} not there"
