@@ -66,15 +66,22 @@ def test_every_probe_results_and_docs_name_is_there():
 
 
 def test_a_probe_without_its_arguments_or_its_tensorflow_says_so_in_one_line():
-    """The two probes that take arguments, started without them (an IndexError, once), and
-    bf16_gpu_kernels.py by a Python without TensorFlow (it wants the GPU wheel in a venv of its
-    own): one line naming what is missing, a non-zero exit, no traceback."""
+    """The two probes that take arguments, started without them (an IndexError, once) or with a
+    timeline that is not one, or no steps (tracebacks, a review found), and bf16_gpu_kernels.py
+    by a Python without TensorFlow (it wants the GPU wheel in a venv of its own): one line
+    naming what is wrong, a non-zero exit, no traceback."""
     runs = [([sys.executable, "scripts/probes/tf_distribute_peer_errors.py"],
              "the following arguments are required: tries, kinds"),
             ([sys.executable, "scripts/probes/timeline_summary.py", "timeline.json"],
              "the following arguments are required: steps"),
             (["/usr/bin/python3", "scripts/probes/bf16_gpu_kernels.py"],
-             "/usr/bin/python3 has no TensorFlow; run this probe with the GPU wheel")]
+             "/usr/bin/python3 has no TensorFlow; run this probe with the GPU wheel"),
+            ([sys.executable, "scripts/probes/timeline_summary.py", "/nonexistent.json", "10"],
+             "/nonexistent.json is not a readable Horovod timeline ("),
+            ([sys.executable, "scripts/probes/timeline_summary.py", "README.md", "10"],
+             "README.md is not a readable Horovod timeline ("),
+            ([sys.executable, "scripts/probes/timeline_summary.py", "timeline.json", "0"],
+             "steps must be 1 or more and skip_s 0 or more (got 0 and 0)")]
     for command, says in runs:
         r = subprocess.run(command, cwd=REPO, env=script_env(), capture_output=True, text=True,
                            timeout=120)

@@ -9,7 +9,9 @@ import sys
 try:
     import tensorflow as tf
     from tensorflow.python.framework import kernels
-except ModuleNotFoundError:
+except ModuleNotFoundError as e:
+    if e.name != "tensorflow":  # a TensorFlow there but broken: its own error says what
+        raise
     sys.exit(f"error: {sys.executable} has no TensorFlow; run this probe with the GPU wheel "
              "in a venv of its own: python -m venv gpu && gpu/bin/pip install "
              "tensorflow==2.21.0 && gpu/bin/python scripts/probes/bf16_gpu_kernels.py")

@@ -52,9 +52,16 @@ def main():
                    help="seconds from the first event left out (tracing, the first steps)")
     args = p.parse_args()
     path, steps, skip = args.timeline, args.steps, args.skip_s
-    events = [e for e in load(path) if "ts" in e]
-    t0 = min(e["ts"] for e in events) + skip * 1e6
+    if steps < 1 or skip < 0:
+        p.error(f"steps must be 1 or more and skip_s 0 or more (got {steps} and {skip:g})")
+    try:
+        events = [e for e in load(path) if "ts" in e]
+    except (OSError, ValueError) as e:  # no such file, or not a timeline's JSON
+        p.error(f"{path} is not a readable Horovod timeline ({e})")
+    t0 = min((e["ts"] for e in events), default=0) + skip * 1e6
     spans = intervals(e for e in events if e["ts"] >= t0)
+    if not spans:
+        p.error(f"{path} has no activity after the first {skip:g} s")
     t1 = max(b for s in spans.values() for _, b in s)
     print(f"{path}: {(t1 - t0) / 1e6:.1f} s after the first {skip:.0f} s, {steps} steps")
     for name, s in sorted(spans.items(), key=lambda kv: -union(kv[1])):
