@@ -6,12 +6,14 @@ import glob
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.helpers import REPO, script_env
+from tests.helpers import REPO, TINY, script_env
 
 # Scripts that are not started by a user with .venv's Python: their own venv (torch, no
 # TensorFlow), or a relay the other scripts start with the Python they run under.
@@ -124,3 +126,26 @@ def test_importing_utils_selects_the_keras_and_nothing_else(keras, tf_keras):
     assert seen["hook_kept"], seen
     assert seen["matplotlib_found"] == (keras == "3" and bool(importlib.util.find_spec(
         "matplotlib"))), seen
+
+
+def test_a_ctrl_c_while_tensorflow_loads_is_one_line(ptb_path, tmp_path):
+    """A SIGINT in the seconds a trainer imports TensorFlow, before its signal handlers: two
+    KeyboardInterrupt tracebacks (the trainer's and its stderr filter's), a review found. Sent
+    once TensorFlow's framework library is mapped into the process (its import goes on for
+    seconds after): one line, exit 130, no run folder made."""
+    out = tmp_path / "run"
+    job = subprocess.Popen([sys.executable, "lm_ptb.py", "--config", TINY, "--data_path", ptb_path,
+                            "--output_dir", str(out)], cwd=REPO, env=script_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with open(f"/proc/{job.pid}/maps") as f:
+            if "libtensorflow_framework" in f.read():
+                break
+        time.sleep(0.01)
+    job.send_signal(signal.SIGINT)
+    stdout, stderr = job.communicate(timeout=120)
+    assert (job.returncode, stdout, stderr) == (
+        130, "", "error: stopped by SIGINT while TensorFlow was loading, before anything was "
+                 "read or written: rerun the same command\n"), stderr[-2000:]
+    assert not out.exists()

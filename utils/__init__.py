@@ -112,7 +112,8 @@ STARTUP_NOTES = ("WARNING: All log messages before absl::InitializeLog() is call
 # The filter TensorFlow's notes are written through while it is known to print them: a process
 # of its own, so that what came before a native abort (or a hang) still reaches the terminal,
 # line by line, at once; it ends when its input does (the call returned, or the process died).
-_STDERR_FILTER = """import sys
+_STDERR_FILTER = """import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the trainer's to say; this ends after it
 notes = [note.encode() for note in sys.argv[1:]]
 for line in sys.stdin.buffer:
     if not any(note in line for note in notes):
@@ -191,6 +192,11 @@ def import_tensorflow():
         with stderr_without(*STARTUP_NOTES, *([HIDDEN_GPUS_NOTE] if gpus_hidden() else [])):
             import tensorflow
             tensorflow.config.list_physical_devices()  # sets nothing up: devices stay configurable
+    except KeyboardInterrupt:  # a Ctrl-C in the seconds TensorFlow loads, before the handlers
+        if launcher_rank() in (None, 0):  # each rank has it: rank 0 says it for the job
+            sys.stderr.write("error: stopped by SIGINT while TensorFlow was loading, before "
+                             "anything was read or written: rerun the same command\n")
+        sys.exit(128 + 2)
     finally:
         if hide:
             sys.meta_path.remove(hide)
