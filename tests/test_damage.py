@@ -525,8 +525,9 @@ def test_a_stop_line_names_the_newest_checkpoint_that_is_there(trained, tmp_path
     A resume past a steps/ pointer naming files that are gone rewrites that pointer (taking
     steps/ckpt-24 by its file), which made it the newest pointer by its time: a stop then named
     steps/ckpt-24 while the resume had taken ckpt-3, the end of epoch 3. And a pointer naming only
-    a ckpt-4 that is not there was named as kept. Both now: ckpt-3, the checkpoint the resume
-    takes (test_a_damaged_newest_checkpoint_... above)."""
+    a ckpt-4 that is not there was named as kept, and one naming another run's checkpoints by
+    absolute paths named that run's ckpt-3. Each now: this run's ckpt-3, the checkpoint the
+    resume takes (test_a_damaged_newest_checkpoint_... above)."""
     gone = copy_of(trained, tmp_path, "steps ckpt-28 gone")
     steps = gone / "checkpoints" / "steps"
     for name in os.listdir(steps):
@@ -536,7 +537,9 @@ def test_a_stop_line_names_the_newest_checkpoint_that_is_there(trained, tmp_path
     write_pointer(str(steps), checkpoint_files(str(steps)))  # as the resume rewrites it
     only_4 = copy_of(trained, tmp_path, "pointer names only ckpt-4",
                      DAMAGE["pointer names only a checkpoint not there"][0])
-    for run in (gone, only_4):
+    outside = copy_of(trained, tmp_path, "pointer names another run's",
+                      DAMAGE["pointer names another run's checkpoints"][0])
+    for run in (gone, only_4, outside):
         assert newest_checkpoint(str(run / "checkpoints")) == str(run / "checkpoints" / NEWEST)
         assert kept_text(str(run)).startswith(
             f"the newest checkpoint, {run}/checkpoints/{NEWEST}, is kept"), kept_text(str(run))

@@ -29,16 +29,17 @@ def newest_checkpoint(folder):
     files' times alone (no TensorFlow: the watchdog's thread calls it while the main thread is
     stuck): of the checkpoint each pointer names, the epoch ends' or the in-epoch one, the one
     whose index file was written last (a resume rewrites a damaged pointer: a newer pointer, not
-    a newer checkpoint); where a pointer names files that are gone, the newest of its folder's
-    files instead; None if there is none."""
+    a newer checkpoint); where a pointer names files that are gone or outside its folder
+    (name_problem), the newest of its folder's files instead; None if there is none."""
     newest, newest_time = None, None
     for pointer in (os.path.join(folder, POINTER), os.path.join(folder, IN_EPOCH, POINTER)):
         try:
             with open(pointer) as f:
-                path = os.path.join(os.path.dirname(pointer), f.readline().split('"')[1])
-            if not os.path.exists(path + ".index"):
-                path = max(checkpoint_files(os.path.dirname(pointer)),
-                           key=lambda p: os.path.getmtime(p + ".index"))
+                name = f.readline().split('"')[1]
+            here = os.path.dirname(pointer)
+            path = os.path.join(here, name)
+            if name_problem(here, name):
+                path = max(checkpoint_files(here), key=lambda p: os.path.getmtime(p + ".index"))
             written = os.path.getmtime(path + ".index")
         except (OSError, IndexError, ValueError):  # none, damaged (not text, no name), no files
             continue
@@ -125,16 +126,25 @@ def pointer_damage(folder):
     # deletes the oldest before it rewrites the pointer): the others it lists may be older than
     # ones there that it does not list
     names = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    # a name in another folder (an absolute path, a pointer copied from another run): TensorFlow
-    # would resume from that run's checkpoint and delete its old ones as this run saves
-    elsewhere = [n for n in names if os.path.realpath(os.path.dirname(os.path.join(folder, n)))
-                 != os.path.realpath(folder)]
+    problems = {n: name_problem(folder, n) for n in names}
+    elsewhere = [n for n in names if problems[n] == "outside"]
     if elsewhere:
         return f"names {', '.join(elsewhere)}, outside {folder}"
-    gone = [n for n in names if not os.path.exists(os.path.join(folder, n) + ".index")]
+    gone = [n for n in names if problems[n] == "gone"]
     if gone:
         return f"names {', '.join(gone)}, which {'is' if len(gone) == 1 else 'are'} not there"
     return None
+
+
+def name_problem(folder, name):
+    """Why the checkpoint a pointer in `folder` names by `name` is not one of that folder's:
+    "outside" (an absolute path or a pointer copied from another run: TensorFlow would resume
+    from that run's checkpoint and delete its old ones as this run saves), "gone" (its index
+    file is not there); None where it is."""
+    path = os.path.join(folder, name)
+    if os.path.realpath(os.path.dirname(path)) != os.path.realpath(folder):
+        return "outside"
+    return None if os.path.exists(path + ".index") else "gone"
 
 
 def checkpoint_files(folder):
