@@ -5,7 +5,10 @@ the other ranks a fresh model built by a call and compiled with hvd.DistributedO
 epoch 2 with BroadcastGlobalVariablesCallback(0). A functional and a subclassed model, each of
 its own input width, so that no broadcast traced for one serves the other (a trace made once
 with names that agree would hide names that do not). Writes each rank's weights and step count
-after epoch 2, and one process's after its own 2 epochs on the whole batch ($PROBE_OUT)."""
+after epoch 2, and one process's after its own 2 epochs on the whole batch; and what
+hvd.broadcast_variables does with plain variables whose names differ between the ranks
+(paired by place), agree in another order (by name), or differ in number too (refused on every
+rank) ($PROBE_OUT)."""
 import os
 import shutil
 import sys
@@ -73,6 +76,25 @@ def resumed(kind, path):
     return outcome(model)
 
 
+def broadcast_plain_variables():
+    """{case: this rank's values after the broadcast from rank 0, or the error's line}."""
+    rank, out = hvd.rank(), {}
+    cases = {  # rank 0's variables, then the other ranks': (name, value) each
+        "other_names": ([("a", 1.0), ("b", 2.0)], [(f"c{rank}", 0.0), (f"d{rank}", 0.0)]),
+        "other_order": ([("a", 1.0), ("b", 2.0)], [("b", 0.0), ("a", 0.0)]),
+        "other_count": ([("a", 1.0), ("b", 2.0)], [(f"c{rank}", 0.0)]),
+    }
+    for case, (root, others) in cases.items():
+        made = [tf.Variable(value, name=f"{case}_{name}") for name, value in
+                (root if rank == 0 else others)]
+        try:
+            hvd_tf.broadcast_variables(made, root_rank=0)
+            out[case] = {v.name.split(":")[0][len(case) + 1:]: float(v.numpy()) for v in made}
+        except ValueError as e:
+            out[case] = str(e)
+    return out
+
+
 def main():
     hvd.init()
     folder = hvd_tf.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, 0)
@@ -84,6 +106,7 @@ def main():
         hvd_tf.allreduce(tf.constant(0.0), name=f"saved_{kind}")  # no rank loads before the save
         out[kind] = resumed(kind, path)
     hvd_tf.allreduce(tf.constant(0.0), name="all_loaded")
+    out["plain"] = broadcast_plain_variables()
     if hvd.rank() == 0:
         shutil.rmtree(folder)
     report(out)

@@ -269,6 +269,16 @@ def test_horovods_resume_pattern_with_models_no_rank_fitted_ends_at_one_processs
             assert out["iterations"] == one["iterations"], (kind, rank, out)
             np.testing.assert_allclose(out["weights"], one["weights"], rtol=1e-5, atol=1e-6,
                                        err_msg=f"{kind}, rank {rank}")
+    # plain variables (patch 42's rule, whatever made them): names that differ are paired by
+    # place, names that agree by name in any order, and a different number of variables under
+    # other names is refused on every rank (it hung: rank 0 waited for its second broadcast)
+    assert ranks[0]["plain"]["other_count"] == ranks[1]["plain"]["other_count"]
+    assert ("ranks have different variables, by other names and in other numbers "
+            "(rank 0: 2, rank 1: 1)") in ranks[0]["plain"]["other_count"], ranks[0]["plain"]
+    for rank in (0, 1):
+        a, b = ("a", "b") if rank == 0 else (f"c{rank}", f"d{rank}")
+        assert ranks[rank]["plain"]["other_names"] == {a: 1.0, b: 2.0}, ranks[rank]
+        assert ranks[rank]["plain"]["other_order"] == {"a": 1.0, "b": 2.0}, ranks[rank]
 
 
 def test_apply_takes_the_variables_as_an_iterator(probes):
