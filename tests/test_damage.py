@@ -520,14 +520,32 @@ def test_a_baseline_of_another_config_or_of_two_workers_is_refused_in_one_line(k
                      result["stdout"]), result["stdout"]
 
 
-def test_a_stop_line_names_the_newest_checkpoint_that_is_there(trained, tmp_path):
-    """The stop line's reader of the pointers (pointers.newest_checkpoint, without TensorFlow).
-    A resume past a steps/ pointer naming files that are gone rewrites that pointer (taking
-    steps/ckpt-24 by its file), which made it the newest pointer by its time: a stop then named
-    steps/ckpt-24 while the resume had taken ckpt-3, the end of epoch 3. And a pointer naming only
-    a ckpt-4 that is not there was named as kept, and one naming another run's checkpoints by
-    absolute paths named that run's ckpt-3. Each now: this run's ckpt-3, the checkpoint the
-    resume takes (test_a_damaged_newest_checkpoint_... above)."""
+def copied_file_by_file(run):
+    """`run`'s files given the times a copy that keeps none gives them (cp -r, scp -r: each
+    file's time its copy's, in the order of their paths), a second apart: steps/ after the
+    epoch ends, whose checkpoint (ckpt-3, the end of epoch 3) is the newer in training."""
+    paths = sorted(os.path.join(d, n) for d, _, names in os.walk(run) for n in names)
+    for i, path in enumerate(paths):
+        os.utime(path, (time.time() + i, time.time() + i))
+
+
+def without_data(ck):
+    for name in os.listdir(ck):
+        if name.startswith(NEWEST + ".data-"):
+            os.remove(os.path.join(ck, name))
+
+
+def test_a_stop_line_names_the_checkpoint_the_resume_takes(trained, tmp_path):
+    """The stop line's reader of the pointers (pointers.newest_checkpoint, without TensorFlow)
+    names the checkpoint the resume takes (DAMAGE's, by hand) wherever the damage shows without
+    reading the files' contents. It named: steps/ckpt-24 after a resume rewrote a steps/
+    pointer naming files that are gone (the rewritten pointer the newest file); a ckpt-4 that
+    is not there; another run's ckpt-3 named by absolute paths; steps/ckpt-28 where the epoch
+    ends' pointer was missing, empty or not text (that folder was passed over), or where the
+    run was copied without the files' times; and ckpt-3 with its data file gone. A damage
+    inside a file (overwritten) takes TensorFlow to see: named, then the resume warns."""
+    runs = {kind: (copy_of(trained, tmp_path, kind, damage), takes)
+            for kind, (damage, takes) in DAMAGE.items() if "overwritten" not in kind}
     gone = copy_of(trained, tmp_path, "steps ckpt-28 gone")
     steps = gone / "checkpoints" / "steps"
     for name in os.listdir(steps):
@@ -535,14 +553,18 @@ def test_a_stop_line_names_the_newest_checkpoint_that_is_there(trained, tmp_path
             os.remove(steps / name)
     time.sleep(0.01)  # the rewritten pointer's time after every checkpoint's
     write_pointer(str(steps), checkpoint_files(str(steps)))  # as the resume rewrites it
-    only_4 = copy_of(trained, tmp_path, "pointer names only ckpt-4",
-                     DAMAGE["pointer names only a checkpoint not there"][0])
-    outside = copy_of(trained, tmp_path, "pointer names another run's",
-                      DAMAGE["pointer names another run's checkpoints"][0])
-    for run in (gone, only_4, outside):
-        assert newest_checkpoint(str(run / "checkpoints")) == str(run / "checkpoints" / NEWEST)
-        assert kept_text(str(run)).startswith(
-            f"the newest checkpoint, {run}/checkpoints/{NEWEST}, is kept"), kept_text(str(run))
+    runs["steps ckpt-28 gone, its pointer rewritten"] = gone, NEWEST
+    runs["pointer missing"] = copy_of(trained, tmp_path, "pointer missing",
+                                      lambda ck: os.remove(os.path.join(ck, "checkpoint"))), NEWEST
+    runs["ckpt-3's data file gone"] = copy_of(trained, tmp_path, "no data", without_data), BEFORE_IT
+    copied = copy_of(trained, tmp_path, "copied file by file")
+    copied_file_by_file(copied)
+    runs["copied file by file"] = copied, NEWEST
+    for kind, (run, takes) in runs.items():
+        assert newest_checkpoint(str(run / "checkpoints")) == str(run / "checkpoints" / takes), \
+            kind
+        assert kept_text(str(run)) == (f"the newest checkpoint, {run}/checkpoints/{takes}, is "
+                                       "kept: rerun with --resume to continue from it"), kind
 
 
 def test_two_ranks_resume_past_a_damaged_pointer_and_a_damaged_newest_checkpoint(trained,

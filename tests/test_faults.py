@@ -414,8 +414,8 @@ def test_a_rank_frozen_in_the_start_up_ends_the_job(corpus, tmp_path):
     assert lines == [
         "error: rank 0 of 2: the start-up (data, agreement check, checkpoint, broadcast) did not "
         "finish in 40 s, so a peer rank is probably stopped or hung (or this host is that slow); "
-        f"no checkpoint was saved yet in {out}/checkpoints: rerun the same command (--resume or "
-        "not) to start afresh (and --set step_timeout_s=N if the steps are really that slow)"], \
+        f"no checkpoint was saved yet in {out}/checkpoints: rerun the same command with --resume "
+        "to start afresh (and --set step_timeout_s=N if the steps are really that slow)"], \
         stderr
     assert "Traceback" not in stderr
 

@@ -234,7 +234,7 @@ def test_a_stop_before_the_first_checkpoint_is_rerun_by_the_same_command(corpus,
     assert not os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
     assert stderr.strip().splitlines()[-1] == (
         f"error: stopped by SIGTERM; no checkpoint was saved yet in {out}/checkpoints: rerun the "
-        "same command (--resume or not) to start afresh"), stderr
+        "same command with --resume to start afresh"), stderr
     r = run_script(["lm_ptb.py", *args, "--resume"], timeout=180)
     assert r.returncode == 0, r.stderr
     assert_started_afresh_once(out, r.stdout)

@@ -39,5 +39,5 @@ def test_steps_in_time_are_not_stopped_and_a_stuck_one_is():
     assert r.stderr.splitlines() == [
         "error: rank 3 of 4: a training step did not finish in 1 s, so a peer rank is probably "
         "stopped or hung (or this host is that slow); no checkpoint was saved yet in "
-        "runs/x/checkpoints: rerun the same command (--resume or not) to start afresh (and "
+        "runs/x/checkpoints: rerun the same command with --resume to start afresh (and "
         "--set step_timeout_s=N if the steps are really that slow)"]

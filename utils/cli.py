@@ -112,7 +112,7 @@ def run_main(main, argv=None):
         if _stops["speaks"] or not ended_by_the_launcher():
             error_line(e)
         return 2
-    except Exception as e:  # noqa: BLE001 -- only stops and Horovod's shutdown are ours
+    except (Exception, signals.Interrupted) as e:  # noqa: BLE001 -- stops, Horovod's shutdown
         # After a stop signal, any error is the stop: our Interrupted, or what TensorFlow made
         # of it when the signal came while its Python code ran (a TypeError, a pybind11 error).
         signum = signals.received()

@@ -6,6 +6,7 @@ Loaded without TensorFlow, as utils/cli.py's stop lines and the watchdog's threa
 read a pointer by hand (newest_checkpoint); the parser of the others is TensorFlow's message,
 imported when a pointer is first parsed or written (by utils/checkpoints.py and evaluate.py,
 which have TensorFlow loaded already)."""
+import ast
 import os
 import re
 import sys
@@ -26,38 +27,87 @@ def checkpoint_folder(output_dir):
 
 def newest_checkpoint(folder):
     """The newest checkpoint's path in a run's checkpoint folder, from the pointer files and the
-    files' times alone (no TensorFlow: the watchdog's thread calls it while the main thread is
-    stuck): of the checkpoint each pointer names, the epoch ends' or the in-epoch one, the one
-    whose index file was written last (a resume rewrites a damaged pointer: a newer pointer, not
-    a newer checkpoint); where a pointer names files that are gone or outside its folder
-    (name_problem), the newest of its folder's files instead; None if there is none."""
-    newest, newest_time = None, None
-    for pointer in (os.path.join(folder, POINTER), os.path.join(folder, IN_EPOCH, POINTER)):
-        try:
-            with open(pointer) as f:
-                name = f.readline().split('"')[1]
-            here = os.path.dirname(pointer)
-            path = os.path.join(here, name)
-            if name_problem(here, name):
-                path = max(checkpoint_files(here), key=lambda p: os.path.getmtime(p + ".index"))
-            written = os.path.getmtime(path + ".index")
-        except (OSError, IndexError, ValueError):  # none, damaged (not text, no name), no files
-            continue
-        if newest_time is None or written > newest_time:
-            newest, newest_time = path, written
-    return newest
+    files alone (no TensorFlow: the watchdog's thread calls it while the main thread is stuck;
+    it never raises): of the checkpoint each folder's pointer names, the epoch ends' or the
+    in-epoch one, the one saved last by the time its pointer records (a copy of the run folder
+    changes the files' times, not those), else its index file's; where a pointer is missing,
+    damaged, or names a file that is gone or outside its folder (name_problem), the highest
+    numbered checkpoint of its folder, as the resume takes them by their files; None if there is
+    none. A checkpoint is passed over only where its index or data files are missing: damage
+    inside the files takes TensorFlow to see (the resume then warns and takes the one before)."""
+    found = [c for c in map(_newest_in, (folder, os.path.join(folder, IN_EPOCH))) if c]
+    return max(found, key=lambda found: found[1])[0] if found else None
+
+
+def _newest_in(folder):
+    """(path, save time) of the checkpoint in `folder` (not below it) that a resume would take
+    first (newest_checkpoint), or None."""
+    name, saved = _named_by_pointer(folder)
+    if name is not None and not name_problem(folder, name) and \
+            _has_files(os.path.join(folder, name)):
+        path = os.path.join(folder, name)
+    else:  # as listed() takes them: by their files, the highest number furthest in training
+        whole = [p for p in checkpoint_files(folder) if _has_files(p)]
+        if not whole:
+            return None
+        path, saved = whole[-1], None
+    try:
+        return path, saved if saved is not None else os.path.getmtime(path + ".index")
+    except OSError:  # deleted meanwhile
+        return None
+
+
+POINTER_LINE = re.compile(r"\s*(model_checkpoint_path|all_model_checkpoint_paths|"
+                          r"all_model_checkpoint_timestamps|last_preserved_timestamp)"
+                          r"\s*:\s*(.+?)\s*")
+
+
+def _named_by_pointer(folder):
+    """(the name the pointer of `folder` gives its newest checkpoint, the save time it records
+    for it or None), read by hand as TensorFlow writes it; (None, None) where there is no
+    pointer or it does not read as one (the resume then takes the files too)."""
+    pointer = os.path.join(folder, POINTER)
+    try:
+        if not os.path.isfile(pointer):  # none, or a folder, a pipe, a device: never read
+            return None, None
+        with open(pointer, "rb") as f:
+            text = f.read(1 << 20).decode("utf-8")
+        fields = {}
+        for line in filter(str.strip, text.splitlines()):
+            key, value = POINTER_LINE.fullmatch(line).groups()
+            fields.setdefault(key, []).append(
+                ast.literal_eval(value) if key.endswith(("path", "paths")) else float(value))
+        name = fields["model_checkpoint_path"][-1]
+        paths = fields.get("all_model_checkpoint_paths", [])
+        times = fields.get("all_model_checkpoint_timestamps", [])
+        saved = times[paths.index(name)] if name in paths and len(times) == len(paths) else None
+        return (name, saved) if isinstance(name, str) and name else (None, None)
+    except (OSError, ValueError, KeyError, AttributeError, SyntaxError, MemoryError):
+        return None, None  # unreadable, not UTF-8, a line not the pointer's, no name
+
+
+def _has_files(path):
+    """Whether the checkpoint `path` has its index and a data file."""
+    folder, base = os.path.split(path)
+    try:
+        return os.path.isfile(path + ".index") and any(
+            n.startswith(base + ".data-") for n in os.listdir(folder))
+    except OSError:
+        return False
 
 
 def kept_text(output_dir):
     """What a stopped run leaves on disk, for its last line: the newest checkpoint in the run's
     --output_dir by name, or that there is none; either way, the same command with --resume
-    goes on. output_dir None: a process stopped before it knew its run."""
+    goes on (with no checkpoint it starts afresh; without --resume it would refuse a folder
+    that holds the stopped run's log). output_dir None: a process stopped before it knew its
+    run."""
     folder = checkpoint_folder(output_dir) if output_dir else None
     newest = newest_checkpoint(folder) if folder else None
     if newest:
         return f"the newest checkpoint, {newest}, is kept: rerun with --resume to continue from it"
     where = f" in {folder}" if folder else ""
-    return (f"no checkpoint was saved yet{where}: rerun the same command (--resume or not) to "
+    return (f"no checkpoint was saved yet{where}: rerun the same command with --resume to "
             "start afresh")
 
 

@@ -4,8 +4,10 @@ import contextlib
 import signal
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; raised in the main thread at a safe point."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; raised in the main thread at a safe point. Not an Exception,
+    as KeyboardInterrupt is not: code that catches any error and goes on (Keras 3 building a
+    layer by tracing its call(), which warns and goes on) let a run stopped there train on."""
 
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
