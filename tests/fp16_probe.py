@@ -144,11 +144,11 @@ def reload_cases():
 def kept_state():
     """Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer built and set by hand (loss
     scale 8, step counter 7; its SGD's 2 steps and momentum 0.19 in every slot), and of one not
-    built around an SGD built and set alone: what the optimizers Horovod made hold, and which
-    is Horovod's."""
+    built around an SGD built and set alone, and of a plain SGD built and set so (no loss
+    scale): what the optimizers Horovod made hold, and which is Horovod's."""
     model = model_of("functional")
     out = {}
-    for case in ("built", "inner_built"):
+    for case in ("built", "inner_built", "plain_built"):
         sgd = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
         scaling = keras.mixed_precision.LossScaleOptimizer(sgd, initial_scale=256)
         if case == "built":
@@ -160,6 +160,13 @@ def kept_state():
         sgd.iterations.assign(2)
         for slot in sgd.momentums:
             slot.assign(tf.fill(slot.shape, 0.19))
+        if case == "plain_built":
+            made = hvd.DistributedOptimizer(sgd)
+            out[case] = {"horovods": "outer" if is_horovods(made) else None,
+                         "iterations": int(made.iterations.numpy()),
+                         "momentums": [float(v) for slot in made.momentums
+                                       for v in slot.numpy().ravel()]}
+            continue
         made = hvd.DistributedOptimizer(scaling)
         inner = made.inner_optimizer
         out[case] = {"horovods": "inner" if is_horovods(inner) else None,

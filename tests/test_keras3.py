@@ -231,8 +231,8 @@ def test_hvd_load_model_of_a_mixed_float16_model_goes_on_with_its_loss_scale(pro
             fp16_agrees(ranks, f"{how}-{model}", "3", ranks[0]["one"]["keras3"], "inner")
 
 
-def test_horovods_optimizer_of_a_built_loss_scale_optimizer_keeps_its_state(probes):
-    """Patch 41 on Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer goes inside it
+def test_horovods_optimizer_of_a_built_optimizer_keeps_its_state(probes):
+    """Patches 41 and 43 on Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer goes inside it
     whether or not it was built (resume_outer_built above: a built one was wrapped the other
     way round and the job hung beside rank 0's hvd.load_model), and what was built keeps its
     values, set by hand before (tests/fp16_probe.py kept_state): a built one its loss scale 8
@@ -247,6 +247,11 @@ def test_horovods_optimizer_of_a_built_loss_scale_optimizer_keeps_its_state(prob
             np.testing.assert_allclose(out.pop("momentums"), [0.19] * 4, rtol=1e-6, err_msg=case)
             assert out == {"horovods": "inner", "built": built, "scale": scale,
                            "step_counter": counter, "iterations": 2}, (case, out)
+        # patch 43: a plain SGD built and set alike (the optimizer made from its config had
+        # no momentum slots yet and counted from 0: a fit went on at step 0, with no word)
+        out = dict(kept["plain_built"])
+        np.testing.assert_allclose(out.pop("momentums"), [0.19] * 4, rtol=1e-6)
+        assert out == {"horovods": "outer", "iterations": 2}, out
 
 
 @KERAS
@@ -275,10 +280,13 @@ def test_horovods_resume_pattern_with_models_no_rank_fitted_ends_at_one_processs
     assert ranks[0]["plain"]["other_count"] == ranks[1]["plain"]["other_count"]
     assert ("ranks have different variables, by other names and in other numbers "
             "(rank 0: 2, rank 1: 1)") in ranks[0]["plain"]["other_count"], ranks[0]["plain"]
+    # (each list of the same shapes: Horovod's traced function, reused, fixed the first list's
+    # names, and rank 1's b took rank 0's a)
     for rank in (0, 1):
         a, b = ("a", "b") if rank == 0 else (f"c{rank}", f"d{rank}")
-        assert ranks[rank]["plain"]["other_names"] == {a: 1.0, b: 2.0}, ranks[rank]
-        assert ranks[rank]["plain"]["other_order"] == {"a": 1.0, "b": 2.0}, ranks[rank]
+        assert ranks[rank]["plain"]["other_names"] == {a: [1.0] * 2, b: [2.0] * 2}, ranks[rank]
+        for case in ("same", "other_order"):
+            assert ranks[rank]["plain"][case] == {"a": [1.0] * 2, "b": [2.0] * 2}, ranks[rank]
 
 
 def test_apply_takes_the_variables_as_an_iterator(probes):
