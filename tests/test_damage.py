@@ -18,7 +18,8 @@ import pytest
 from tests.helpers import IS_ROOT, TINY, mpirun, read_only_folder, run_script
 from tests.test_faults import assert_error_line, snapshot
 from utils.config import load_config
-from utils.pointers import checkpoint_files, kept_text, newest_checkpoint, write_pointer
+from utils.pointers import (checkpoint_files, kept_text, newest_checkpoint, pointer_damage,
+                            write_pointer)
 
 RUN_ARGS = ["--config", TINY, "--set", "steps_per_epoch=10", "--set", "eval_steps=2",
             "--set", "checkpoint_every=4"]
@@ -542,8 +543,11 @@ def test_a_stop_line_names_the_checkpoint_the_resume_takes(trained, tmp_path):
     pointer naming files that are gone (the rewritten pointer the newest file); a ckpt-4 that
     is not there; another run's ckpt-3 named by absolute paths; steps/ckpt-28 where the epoch
     ends' pointer was missing, empty or not text (that folder was passed over), or where the
-    run was copied without the files' times; and ckpt-3 with its data file gone. A damage
-    inside a file (overwritten) takes TensorFlow to see: named, then the resume warns."""
+    run was copied without the files' times (and, a review found, after such a copy where one
+    pointer was rewritten by a resume: the two folders timed apart); ckpt-3 with its data file
+    gone; and a NUL byte in a name raised. The two folders are now compared by their places in
+    training, the log's steps an epoch. A damage inside a file (overwritten) takes TensorFlow
+    to see: named, then the resume warns."""
     runs = {kind: (copy_of(trained, tmp_path, kind, damage), takes)
             for kind, (damage, takes) in DAMAGE.items() if "overwritten" not in kind}
     gone = copy_of(trained, tmp_path, "steps ckpt-28 gone")
@@ -560,6 +564,22 @@ def test_a_stop_line_names_the_checkpoint_the_resume_takes(trained, tmp_path):
     copied = copy_of(trained, tmp_path, "copied file by file")
     copied_file_by_file(copied)
     runs["copied file by file"] = copied, NEWEST
+    # and then steps/ckpt-24 deleted, its pointer rewritten by the resume (with the copy's
+    # times): one folder timed by its pointer, the other by its files named steps/ckpt-28
+    rewritten = copy_of(trained, tmp_path, "copied, steps pointer rewritten")
+    copied_file_by_file(rewritten)
+    steps = rewritten / "checkpoints" / "steps"
+    for name in os.listdir(steps):
+        if name.startswith("ckpt-24."):
+            os.remove(steps / name)
+    write_pointer(str(steps), checkpoint_files(str(steps)))
+    runs["copied, steps pointer rewritten"] = rewritten, NEWEST
+    # a name no path can have (TensorFlow parses the escape): it raised out of the stop line,
+    # the watchdog's thread and the resume's reading of the pointer
+    nul = copy_of(trained, tmp_path, "a NUL byte in the name", lambda ck: overwrite(
+        os.path.join(ck, "checkpoint"), b'model_checkpoint_path: "x\\000/ckpt-3"\n'))
+    runs["a NUL byte in the name"] = nul, NEWEST
+    assert "which is not there" in pointer_damage(str(nul / "checkpoints"))
     for kind, (run, takes) in runs.items():
         assert newest_checkpoint(str(run / "checkpoints")) == str(run / "checkpoints" / takes), \
             kind

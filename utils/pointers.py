@@ -7,6 +7,7 @@ read a pointer by hand (newest_checkpoint); the parser of the others is TensorFl
 imported when a pointer is first parsed or written (by utils/checkpoints.py and evaluate.py,
 which have TensorFlow loaded already)."""
 import ast
+import json
 import os
 import re
 import sys
@@ -26,35 +27,64 @@ def checkpoint_folder(output_dir):
 
 
 def newest_checkpoint(folder):
-    """The newest checkpoint's path in a run's checkpoint folder, from the pointer files and the
-    files alone (no TensorFlow: the watchdog's thread calls it while the main thread is stuck;
-    it never raises): of the checkpoint each folder's pointer names, the epoch ends' or the
-    in-epoch one, the one saved last by the time its pointer records (a copy of the run folder
-    changes the files' times, not those), else its index file's; where a pointer is missing,
-    damaged, or names a file that is gone or outside its folder (name_problem), the highest
-    numbered checkpoint of its folder, as the resume takes them by their files; None if there is
-    none. A checkpoint is passed over only where its index or data files are missing: damage
-    inside the files takes TensorFlow to see (the resume then warns and takes the one before)."""
-    found = [c for c in map(_newest_in, (folder, os.path.join(folder, IN_EPOCH))) if c]
-    return max(found, key=lambda found: found[1])[0] if found else None
+    """The newest checkpoint's path in a run's checkpoint folder, from the pointer files, the
+    files and the run's log alone (no TensorFlow: the watchdog's thread calls it while the main
+    thread is stuck; it never raises): of the newest checkpoint of each folder, the epoch ends'
+    and the in-epoch one, the one further in training, as the resume orders them (an epoch end
+    numbered by its epochs done, a save inside an epoch by the optimizer's step, which the log's
+    steps an epoch turn into a place; the epoch end where they tie); without the log, the one
+    whose index file was written last. A folder's newest is the one its pointer names, or,
+    where the pointer is missing, damaged, or names a file that is gone or outside its folder
+    (name_problem), the highest numbered there, as the resume then takes them by their files;
+    None if there is none. A checkpoint is passed over only where its index or data files are
+    missing: damage inside the files takes TensorFlow to see (the resume then warns and takes
+    the one before)."""
+    ends, inside = _newest_in(folder), _newest_in(os.path.join(folder, IN_EPOCH))
+    if ends is None or inside is None:
+        return ends or inside
+    steps = _logged_steps_per_epoch(os.path.dirname(folder))
+    try:
+        if steps:
+            newer = divmod(_number(inside), steps) > (_number(ends), 0)
+        else:  # the log gone: the files' times, both read alike
+            newer = os.path.getmtime(inside + ".index") > os.path.getmtime(ends + ".index")
+    except OSError:  # deleted meanwhile
+        return ends
+    return inside if newer else ends
 
 
 def _newest_in(folder):
-    """(path, save time) of the checkpoint in `folder` (not below it) that a resume would take
-    first (newest_checkpoint), or None."""
-    name, saved = _named_by_pointer(folder)
-    if name is not None and not name_problem(folder, name) and \
-            _has_files(os.path.join(folder, name)):
-        path = os.path.join(folder, name)
-    else:  # as listed() takes them: by their files, the highest number furthest in training
-        whole = [p for p in checkpoint_files(folder) if _has_files(p)]
-        if not whole:
-            return None
-        path, saved = whole[-1], None
+    """The checkpoint in `folder` (not below it) that a resume would take first of that folder's
+    (newest_checkpoint), or None."""
+    name = _named_by_pointer(folder)
     try:
-        return path, saved if saved is not None else os.path.getmtime(path + ".index")
-    except OSError:  # deleted meanwhile
-        return None
+        if name is not None and not name_problem(folder, name) and \
+                _has_files(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    except (OSError, ValueError):  # a name no path can have (a NUL byte, a lone surrogate)
+        pass
+    # as listed() takes them: by their files, the highest number furthest in training
+    whole = [p for p in checkpoint_files(folder) if _has_files(p)]
+    return whole[-1] if whole else None
+
+
+def _number(path):
+    """N of a checkpoint named ckpt-N."""
+    return int(CHECKPOINT_FILE.match(os.path.basename(path) + ".index").group(1))
+
+
+def _logged_steps_per_epoch(output_dir):
+    """An epoch's steps, from the first epoch's line of the run's log (its optimizer steps by
+    then, over its epochs); None where the log has none or cannot be read."""
+    try:
+        with open(os.path.join(output_dir, "metrics.jsonl"), "rb") as f:
+            for line in f:
+                if b'"event": "epoch"' in line:
+                    event = json.loads(line)
+                    return event["step"] // event["epoch"] or None
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        pass
+    return None
 
 
 POINTER_LINE = re.compile(r"\s*(model_checkpoint_path|all_model_checkpoint_paths|"
@@ -63,27 +93,23 @@ POINTER_LINE = re.compile(r"\s*(model_checkpoint_path|all_model_checkpoint_paths
 
 
 def _named_by_pointer(folder):
-    """(the name the pointer of `folder` gives its newest checkpoint, the save time it records
-    for it or None), read by hand as TensorFlow writes it; (None, None) where there is no
-    pointer or it does not read as one (the resume then takes the files too)."""
+    """The name the pointer of `folder` gives its newest checkpoint, read by hand as TensorFlow
+    writes it; None where there is no pointer or it does not read as one (the resume then takes
+    the files too)."""
     pointer = os.path.join(folder, POINTER)
     try:
         if not os.path.isfile(pointer):  # none, or a folder, a pipe, a device: never read
-            return None, None
+            return None
         with open(pointer, "rb") as f:
             text = f.read(1 << 20).decode("utf-8")
-        fields = {}
+        names = []
         for line in filter(str.strip, text.splitlines()):
             key, value = POINTER_LINE.fullmatch(line).groups()
-            fields.setdefault(key, []).append(
-                ast.literal_eval(value) if key.endswith(("path", "paths")) else float(value))
-        name = fields["model_checkpoint_path"][-1]
-        paths = fields.get("all_model_checkpoint_paths", [])
-        times = fields.get("all_model_checkpoint_timestamps", [])
-        saved = times[paths.index(name)] if name in paths and len(times) == len(paths) else None
-        return (name, saved) if isinstance(name, str) and name else (None, None)
-    except (OSError, ValueError, KeyError, AttributeError, SyntaxError, MemoryError):
-        return None, None  # unreadable, not UTF-8, a line not the pointer's, no name
+            if key == "model_checkpoint_path":
+                names.append(ast.literal_eval(value))
+        return names[-1] if names and isinstance(names[-1], str) and names[-1] else None
+    except (OSError, ValueError, IndexError, AttributeError, SyntaxError, MemoryError):
+        return None  # unreadable, not UTF-8, a line not the pointer's, no name
 
 
 def _has_files(path):
@@ -100,14 +126,15 @@ def kept_text(output_dir):
     """What a stopped run leaves on disk, for its last line: the newest checkpoint in the run's
     --output_dir by name, or that there is none; either way, the same command with --resume
     goes on (with no checkpoint it starts afresh; without --resume it would refuse a folder
-    that holds the stopped run's log). output_dir None: a process stopped before it knew its
-    run."""
-    folder = checkpoint_folder(output_dir) if output_dir else None
-    newest = newest_checkpoint(folder) if folder else None
+    that holds the stopped run's log). output_dir None: a process that writes no run
+    (evaluate.py), or one stopped before it knew its run: the same command again."""
+    if not output_dir:
+        return "nothing was written: rerun the same command"
+    folder = checkpoint_folder(output_dir)
+    newest = newest_checkpoint(folder)
     if newest:
         return f"the newest checkpoint, {newest}, is kept: rerun with --resume to continue from it"
-    where = f" in {folder}" if folder else ""
-    return (f"no checkpoint was saved yet{where}: rerun the same command with --resume to "
+    return (f"no checkpoint was saved yet in {folder}: rerun the same command with --resume to "
             "start afresh")
 
 
@@ -192,8 +219,11 @@ def name_problem(folder, name):
     from that run's checkpoint and delete its old ones as this run saves), "gone" (its index
     file is not there); None where it is."""
     path = os.path.join(folder, name)
-    if os.path.realpath(os.path.dirname(path)) != os.path.realpath(folder):
-        return "outside"
+    try:
+        if os.path.realpath(os.path.dirname(path)) != os.path.realpath(folder):
+            return "outside"
+    except (ValueError, UnicodeError):  # a name no path can have (a NUL byte, a lone surrogate)
+        return "gone"
     return None if os.path.exists(path + ".index") else "gone"
 
 
