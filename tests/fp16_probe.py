@@ -145,7 +145,8 @@ def kept_state():
     """Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer built and set by hand (loss
     scale 8, step counter 7; its SGD's 2 steps and momentum 0.19 in every slot), and of one not
     built around an SGD built and set alone, and of a plain SGD built and set so (no loss
-    scale): what the optimizers Horovod made hold, and which is Horovod's."""
+    scale): what the optimizers Horovod made hold, and which is Horovod's; and what one step of
+    Horovod's AdamW with a variable excluded from its weight decay does."""
     model = model_of("functional")
     out = {}
     for case in ("built", "inner_built", "plain_built"):
@@ -176,6 +177,14 @@ def kept_state():
                      "iterations": int(inner.iterations.numpy()),
                      "momentums": [float(v) for slot in inner.momentums
                                    for v in slot.numpy().ravel()]}
+    # AdamW with its bias left undecayed: one step of zero gradients decays the kernel alone
+    adamw = keras.optimizers.AdamW(learning_rate=0.1, weight_decay=0.5)
+    adamw.exclude_from_weight_decay(var_names=["bias"])
+    kernel = keras.Variable(np.ones(2), name="kernel")
+    bias = keras.Variable(np.ones(1), name="bias")
+    hvd.DistributedOptimizer(adamw).apply([tf.zeros(2), tf.zeros(1)], [kernel, bias])
+    out["adamw_excluded"] = {"kernel": [float(v) for v in kernel.numpy()],
+                             "bias": [float(v) for v in bias.numpy()]}
     return out
 
 

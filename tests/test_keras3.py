@@ -232,13 +232,14 @@ def test_hvd_load_model_of_a_mixed_float16_model_goes_on_with_its_loss_scale(pro
 
 
 def test_horovods_optimizer_of_a_built_optimizer_keeps_its_state(probes):
-    """Patches 41 and 43 on Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer goes inside it
-    whether or not it was built (resume_outer_built above: a built one was wrapped the other
-    way round and the job hung beside rank 0's hvd.load_model), and what was built keeps its
-    values, set by hand before (tests/fp16_probe.py kept_state): a built one its loss scale 8
-    (the optimizer made anew started at 256), step counter 7, the SGD's 2 steps and its momentum
-    slots at 0.19 (4 numbers: a kernel of 3 and a bias); an SGD built alone inside one not
-    built, its own 2 steps and slots (once made anew from its config: 0 and zeros)."""
+    """Patches 41, 43 and 44 on Keras 3: hvd.DistributedOptimizer of a LossScaleOptimizer goes
+    inside it whether or not it was built (resume_outer_built above: a built one was wrapped the
+    other way round and the job hung beside rank 0's hvd.load_model), and what was built keeps
+    its values, set by hand before (tests/fp16_probe.py kept_state): a built one its loss scale
+    8 (the optimizer made anew started at 256), step counter 7, the SGD's 2 steps and its
+    momentum slots at 0.19 (4 numbers: a kernel of 3 and a bias); an SGD built alone inside one
+    not built, its own 2 steps and slots (once made anew from its config: 0 and zeros); a plain
+    SGD built alike (43) its own; and AdamW its exclusions from the weight decay (44)."""
     for rank in (0, 1):
         kept = probes("fp16_probe.py", "3")[rank]["kept_state"]
         for case, built, scale, counter in (("built", True, 8.0, 7),
@@ -252,6 +253,11 @@ def test_horovods_optimizer_of_a_built_optimizer_keeps_its_state(probes):
         out = dict(kept["plain_built"])
         np.testing.assert_allclose(out.pop("momentums"), [0.19] * 4, rtol=1e-6)
         assert out == {"horovods": "outer", "iterations": 2}, out
+        # patch 44: AdamW (learning rate 0.1, weight decay 0.5) with its bias excluded from the
+        # decay, one step of zero gradients (no update): the kernel 1 - 0.1 * 0.5, the bias kept
+        # (made anew from its config, Horovod's AdamW decayed the bias too: 0.95)
+        np.testing.assert_allclose(kept["adamw_excluded"]["kernel"], [0.95] * 2, rtol=1e-6)
+        assert kept["adamw_excluded"]["bias"] == [1.0], kept["adamw_excluded"]
 
 
 @KERAS
