@@ -580,6 +580,20 @@ def test_a_stop_line_names_the_checkpoint_the_resume_takes(trained, tmp_path):
         os.path.join(ck, "checkpoint"), b'model_checkpoint_path: "x\\000/ckpt-3"\n'))
     runs["a NUL byte in the name"] = nul, NEWEST
     assert "which is not there" in pointer_damage(str(nul / "checkpoints"))
+    # a log that is a pipe (it blocked the stop line), and a steps/ pointer naming a checkpoint
+    # not called ckpt-N (it raised): the epoch end, by the files' times (the trained run's)
+    piped = copy_of(trained, tmp_path, "the log a pipe")
+    os.remove(piped / "metrics.jsonl")
+    os.mkfifo(piped / "metrics.jsonl")
+    runs["the log a pipe"] = piped, NEWEST
+    named = copy_of(trained, tmp_path, "steps pointer naming best")
+    for name in os.listdir(named / "checkpoints" / "steps"):
+        if name.startswith("ckpt-24."):
+            os.rename(named / "checkpoints" / "steps" / name,
+                      named / "checkpoints" / "steps" / name.replace("ckpt-24", "best"))
+    overwrite(str(named / "checkpoints" / "steps" / "checkpoint"),
+              b'model_checkpoint_path: "best"\n')
+    runs["steps pointer naming best"] = named, NEWEST
     for kind, (run, takes) in runs.items():
         assert newest_checkpoint(str(run / "checkpoints")) == str(run / "checkpoints" / takes), \
             kind

@@ -44,7 +44,7 @@ def newest_checkpoint(folder):
         return ends or inside
     steps = _logged_steps_per_epoch(os.path.dirname(folder))
     try:
-        if steps:
+        if steps and _number(inside) is not None and _number(ends) is not None:
             newer = divmod(_number(inside), steps) > (_number(ends), 0)
         else:  # the log gone: the files' times, both read alike
             newer = os.path.getmtime(inside + ".index") > os.path.getmtime(ends + ".index")
@@ -69,20 +69,24 @@ def _newest_in(folder):
 
 
 def _number(path):
-    """N of a checkpoint named ckpt-N."""
-    return int(CHECKPOINT_FILE.match(os.path.basename(path) + ".index").group(1))
+    """N of a checkpoint named ckpt-N; None for another name (a pointer may name any)."""
+    number = CHECKPOINT_FILE.match(os.path.basename(path) + ".index")
+    return int(number.group(1)) if number else None
 
 
 def _logged_steps_per_epoch(output_dir):
     """An epoch's steps, from the first epoch's line of the run's log (its optimizer steps by
     then, over its epochs); None where the log has none or cannot be read."""
+    log = os.path.join(output_dir, "metrics.jsonl")
     try:
-        with open(os.path.join(output_dir, "metrics.jsonl"), "rb") as f:
+        if not os.path.isfile(log):  # none, or a folder, a pipe: never read
+            return None
+        with open(log, "rb") as f:
             for line in f:
                 if b'"event": "epoch"' in line:
                     event = json.loads(line)
                     return event["step"] // event["epoch"] or None
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, MemoryError):
         pass
     return None
 
