@@ -594,6 +594,14 @@ def test_a_stop_line_names_the_checkpoint_the_resume_takes(trained, tmp_path):
     overwrite(str(named / "checkpoints" / "steps" / "checkpoint"),
               b'model_checkpoint_path: "best"\n')
     runs["steps pointer naming best"] = named, NEWEST
+    # a first epoch of 15 steps, then 10 a epoch (--change_config): steps/ckpt-28 is 8 steps into
+    # epoch 3, past ckpt-3 gone, though 28 steps are 1 epoch and 13 steps at the first's length
+    changed = copy_of(trained, tmp_path, "steps an epoch changed", remove_newest)
+    lines = (changed / "metrics.jsonl").read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if '"event": "epoch"' in line)
+    lines[first] = lines[first].replace('"step": 10,', '"step": 15,')
+    (changed / "metrics.jsonl").write_text("".join(lines))
+    runs["steps an epoch changed"] = changed, BEFORE_IT
     for kind, (run, takes) in runs.items():
         assert newest_checkpoint(str(run / "checkpoints")) == str(run / "checkpoints" / takes), \
             kind

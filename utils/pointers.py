@@ -42,11 +42,11 @@ def newest_checkpoint(folder):
     ends, inside = _newest_in(folder), _newest_in(os.path.join(folder, IN_EPOCH))
     if ends is None or inside is None:
         return ends or inside
-    steps = _logged_steps_per_epoch(os.path.dirname(folder))
+    ended_at = _logged_epoch_end(os.path.dirname(folder), _number(ends))
     try:
-        if steps and _number(inside) is not None and _number(ends) is not None:
-            newer = divmod(_number(inside), steps) > (_number(ends), 0)
-        else:  # the log gone: the files' times, both read alike
+        if ended_at is not None and _number(inside) is not None:
+            newer = _number(inside) > ended_at
+        else:  # the log gone, another name: the files' times, both read alike
             newer = os.path.getmtime(inside + ".index") > os.path.getmtime(ends + ".index")
     except OSError:  # deleted meanwhile
         return ends
@@ -74,21 +74,33 @@ def _number(path):
     return int(number.group(1)) if number else None
 
 
-def _logged_steps_per_epoch(output_dir):
-    """An epoch's steps, from the first epoch's line of the run's log (its optimizer steps by
-    then, over its epochs); None where the log has none or cannot be read."""
+def _logged_epoch_end(output_dir, epoch):
+    """The step count at the end of `epoch`, from the run's log (the last line of that epoch;
+    for an epoch not logged yet, stopped in its validation, the newest logged epoch's length
+    on from there); None where the log has no epoch line or cannot be read. It counts batches,
+    and an in-epoch checkpoint is numbered by the optimizer's step, which fp16's skipped steps
+    hold back: an in-epoch save within that many steps of an epoch's start is taken as older
+    than the epoch's end."""
     log = os.path.join(output_dir, "metrics.jsonl")
+    ends = {}
     try:
-        if not os.path.isfile(log):  # none, or a folder, a pipe: never read
+        if epoch is None or not os.path.isfile(log):  # none, or a folder, a pipe: never read
             return None
         with open(log, "rb") as f:
             for line in f:
                 if b'"event": "epoch"' in line:
                     event = json.loads(line)
-                    return event["step"] // event["epoch"] or None
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, MemoryError):
-        pass
-    return None
+                    ends[int(event["epoch"])] = int(event["step"])
+    except (OSError, ValueError, KeyError, TypeError, MemoryError):
+        return None
+    if epoch in ends:
+        return ends[epoch]
+    logged = max((e for e in ends if e < epoch), default=None)
+    if logged is None:
+        return None
+    length = ends[logged] - ends.get(logged - 1, 0) if logged - 1 in ends or logged == 1 \
+        else ends[logged] // logged
+    return ends[logged] + (epoch - logged) * length
 
 
 POINTER_LINE = re.compile(r"\s*(model_checkpoint_path|all_model_checkpoint_paths|"
