@@ -33,7 +33,8 @@ def newest_checkpoint(folder):
     and the in-epoch one, the one further in training, as the resume orders them (an epoch end
     numbered by its epochs done, a save inside an epoch by the optimizer's step: the newer where
     that step is past the step count the log gives that epoch's end, _logged_epoch_end); without
-    the log, or for a name other than ckpt-N, the one whose index file was written last. A folder's newest is the one its pointer names, or,
+    the log, or for a name other than ckpt-N, the one whose index file was written last.
+    A folder's newest is the one its pointer names, or,
     where the pointer is missing, damaged, or names a file that is gone or outside its folder
     (name_problem), the highest numbered there, as the resume then takes them by their files;
     None if there is none. A checkpoint is passed over only where its index or data files are
